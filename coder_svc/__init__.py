@@ -1,0 +1,1 @@
+"""Coder service: model backends, prompts, code extraction, best-of-n kernel generation."""

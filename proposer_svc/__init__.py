@@ -1,0 +1,1 @@
+"""Proposer service: API co-occurrence, module composition, validation, the frontier reward."""

@@ -1,0 +1,1 @@
+"""The shared platform layer: settings, database, queues, schemas, auth, clients, sandbox, CLI."""

@@ -1,0 +1,1 @@
+"""The HTTP face shared by every service: app factory, health, jobs, middleware."""

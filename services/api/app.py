@@ -1,0 +1,66 @@
+"""Builds each service's FastAPI app: /healthz, /readyz, /metrics, /v1 routes, request ids."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+import structlog
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_fastapi_instrumentator import Instrumentator
+
+from services.api.routes_jobs import jobs_router
+from services.config import get_settings
+from services.db.session import ping_database
+from services.logs import configure_logging
+from services.schemas.jobs import Readiness
+
+log = structlog.get_logger(__name__)
+
+
+def readiness() -> Readiness:
+    checks: dict[str, str] = {}
+    try:
+        ping_database()
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}: {exc}"
+    try:
+        client = redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=2, socket_timeout=2)
+        client.ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {type(exc).__name__}: {exc}"
+    return Readiness(ready=all(v == "ok" for v in checks.values()), checks=checks)
+
+
+def create_service_app(service: str, *routers: APIRouter, description: str = "") -> FastAPI:
+    configure_logging(service)
+    app = FastAPI(title=f"KernelZero {service} service", version="0.1.0", description=description)
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next):  # type: ignore[no-untyped-def]
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        try:
+            response: Response = await call_next(request)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+        response.headers["x-request-id"] = rid
+        return response
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": service}
+
+    @app.get("/readyz", tags=["health"], response_model=Readiness)
+    def readyz() -> JSONResponse:
+        state = readiness()
+        return JSONResponse(state.model_dump(), status_code=200 if state.ready else 503)
+
+    app.include_router(jobs_router(service), prefix="/v1")
+    for router in routers:
+        app.include_router(router, prefix="/v1")
+    Instrumentator().instrument(app).expose(app, include_in_schema=False)
+    return app

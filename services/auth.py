@@ -1,0 +1,67 @@
+"""API keys: random tokens shown once, stored as SHA-256 hashes, revocable."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timezone
+
+from fastapi import Depends, HTTPException, status
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
+
+from services.config import get_settings
+from services.db.models import ApiKey
+from services.db.session import session_scope
+
+KEY_PREFIX = "kz_"
+_bearer = HTTPBearer(auto_error=False)
+_header = APIKeyHeader(name="X-API-Key", auto_error=False)
+
+
+def hash_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def create_api_key(name: str) -> tuple[ApiKey, str]:
+    """Create a key; the plaintext is returned once and never stored."""
+    plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+    with session_scope() as session:
+        key = ApiKey(name=name, prefix=plaintext[:10], key_hash=hash_key(plaintext))
+        session.add(key)
+    return key, plaintext
+
+
+def list_api_keys() -> list[ApiKey]:
+    with session_scope() as session:
+        return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+
+
+def revoke_api_key(key_id_or_prefix: str) -> ApiKey | None:
+    with session_scope() as session:
+        key = session.get(ApiKey, key_id_or_prefix) or session.scalars(
+            select(ApiKey).where(ApiKey.prefix == key_id_or_prefix)
+        ).first()
+        if key is not None and key.revoked_at is None:
+            key.revoked_at = datetime.now(timezone.utc)
+        return key
+
+
+def is_valid_key(plaintext: str) -> bool:
+    with session_scope() as session:
+        key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext))).first()
+        return key is not None and key.revoked_at is None
+
+
+def require_api_key(
+    bearer: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    header_key: str | None = Depends(_header),
+) -> None:
+    """FastAPI dependency: a valid key in ``Authorization: Bearer`` or ``X-API-Key``."""
+    if not get_settings().auth_enabled:
+        return
+    presented = (bearer.credentials if bearer else None) or header_key
+    if not presented:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'")
+    if not is_valid_key(presented):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key")

@@ -1,0 +1,1 @@
+"""The ``kernelzero`` command line."""

@@ -1,0 +1,1 @@
+"""Durable state: SQLAlchemy 2 models, sessions and Alembic migrations."""

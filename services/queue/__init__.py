@@ -1,0 +1,1 @@
+"""Celery over Redis: one queue per workload, jobs recorded in the database."""

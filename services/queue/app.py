@@ -1,0 +1,39 @@
+"""The Celery application: broker settings every workload shares, tuned for long GPU jobs."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from services.config import Settings, get_settings
+
+
+def create_celery(name: str, settings: Settings | None = None, include: list[str] | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery(name, broker=settings.redis_url, include=include or [])
+    app.conf.update(
+        # A job is acknowledged only after it finished, so a worker that dies mid-job loses nothing:
+        # the message goes back to the queue (reject_on_worker_lost) and another worker runs it.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.task_soft_time_limit_s,
+        task_time_limit=settings.task_hard_time_limit_s,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        # Results live in the jobs table; Redis holds only queues.
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_default_queue="default",
+    )
+    return app
+
+
+@lru_cache
+def producer() -> Celery:
+    """The app that HTTP services use to send jobs by name to any queue."""
+    return create_celery("kernelzero-producer")

@@ -1,0 +1,1 @@
+"""Pydantic schemas at every boundary, shared by the services and their clients."""

@@ -1,0 +1,1 @@
+"""Trainer: rollout intake, cold-start SFT, CA-GRPO, Proposer RL, weight publishing."""
