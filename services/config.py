@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, computed_field, model_validator
+from pydantic import Field, SecretStr, computed_field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SERVICE_NAMES = ("proposer", "coder", "reward", "trainer")
@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
 
     auth_enabled: bool = Field(default=True, description="Deployments keep this on; local mode may turn it off.")
+    api_key: SecretStr | None = Field(default=None, description="Key the HTTP clients send; else read from data_dir/api-key.")
     host: str = "127.0.0.1"
     proposer_port: int = 8101
     coder_port: int = 8102
@@ -34,6 +35,11 @@ class Settings(BaseSettings):
     max_job_attempts: int = 3
     gpu_devices: list[int] = Field(default_factory=list, description="GPU indices with one scoring queue each.")
 
+    # Reward service
+    sandbox_memory_bytes: int = Field(default=16 << 30, description="Address-space limit of a CPU evaluation child.")
+    reward_warm_children: int = Field(default=1, ge=0, description="Evaluation children kept warm per worker.")
+    reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
+
     @model_validator(mode="after")
     def _visibility_outlives_jobs(self) -> "Settings":
         # Redis redelivers an unacked message after the visibility timeout: it must exceed the
@@ -48,6 +54,11 @@ class Settings(BaseSettings):
     @property
     def sqlalchemy_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'kernelzero.db'}"
+
+    @property
+    def api_key_file(self) -> Path:
+        """Where ``kernelzero up`` leaves this machine's key and the HTTP clients look for it."""
+        return self.data_dir / "api-key"
 
     def service_port(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))

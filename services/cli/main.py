@@ -40,7 +40,7 @@ def up(
     console.print(f"[bold]KernelZero[/] data in {settings.data_dir}; database {settings.sqlalchemy_url.split('@')[-1]}")
     migrate.upgrade()
     if settings.auth_enabled:
-        _ensure_local_key(settings.data_dir / "api-key")
+        _ensure_local_key(settings.api_key_file)
     launcher = Launcher(settings, console)
 
     def on_signal(signum: int, _frame: object) -> None:
