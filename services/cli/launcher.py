@@ -119,7 +119,7 @@ class Launcher:
     def _wait_for(self, predicate, what: str, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if predicate():
+            if predicate() or self._stopping.is_set():  # Ctrl-C during start-up stops at once
                 return
             self.raise_if_child_died()
             time.sleep(0.25)

@@ -27,6 +27,8 @@ def create_celery(name: str, settings: Settings | None = None, include: list[str
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
+        # Job logs are JSON lines on stderr; Celery's redirect would re-wrap each as a WARNING.
+        worker_redirect_stdouts=False,
         worker_send_task_events=False,
         task_default_queue="default",
     )

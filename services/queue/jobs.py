@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from celery import Celery
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from services.config import get_settings
@@ -58,7 +58,14 @@ def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | Non
             session.add(job)
     except IntegrityError:  # a concurrent submission of the same input won the race
         return get_job(job_id)
-    (app or producer()).send_task(kind, args=[job_id], queue=queue, task_id=job_id)
+    try:
+        (app or producer()).send_task(kind, args=[job_id], queue=queue, task_id=job_id)
+    except Exception:
+        # Not enqueued (Redis down): drop the record, or a resubmission would find a "queued"
+        # job that no message will ever run.
+        with session_scope() as session:
+            session.execute(delete(Job).where(Job.id == job_id, Job.status == "queued"))
+        raise
     log.info("job.submitted", job_id=job_id, kind=kind, queue=queue)
     return job
 
