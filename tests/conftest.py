@@ -1,0 +1,204 @@
+"""Shared fixtures: the real parts, isolated per test.
+
+- ``kz_env``: KZ_ settings pointed at a private data dir, with the cached settings, engines and
+  Celery producer reset, because every one of them is an ``lru_cache`` keyed on nothing.
+- ``redis_url``: the shared Redis, but a database number this test session alone holds (a lock
+  key claims it), so concurrent test runs on one machine do not eat each other's messages.
+- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after.
+- ``platform_env``: ``kz_env`` + that Redis database (emptied) + a migrated SQLite database.
+- ``start_worker``: a real Celery worker process, built exactly as ``kernelzero up`` builds it.
+
+A server that does not answer skips its tests locally; with ``CI`` set it fails them instead, so
+CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import psutil
+import pytest
+import redis
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+from services.cli.launcher import platform_commands
+from services.config import Settings, get_settings
+from services.db import migrate
+from services.db.session import engine_for
+from services.queue.app import producer
+
+TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_LOCK_KEY = "kernelzero:test-session"
+REDIS_DB_CANDIDATES = range(15, 7, -1)
+
+
+def unavailable(reason: str) -> None:
+    """Skip locally; fail under CI, where every server must be up."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def reset_platform_caches() -> None:
+    """Forget cached settings, engines and the producer so the next call reads the environment."""
+    if producer.cache_info().currsize:
+        producer().close()
+    producer.cache_clear()
+    engine_for.cache_clear()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def kz_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Settings]]:
+    """Private settings for one test; call the fixture's value with KZ_ fields to change them.
+
+    Inherited KZ_ variables and a developer's ``.env`` are kept out (the cwd moves to tmp_path).
+    """
+    for name in list(os.environ):
+        if name.startswith("KZ_") and not name.startswith("KZ_TEST_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KZ_DATA_DIR", str(tmp_path / "data"))
+    reset_platform_caches()
+
+    def configure(**fields: object) -> Settings:
+        for field, value in fields.items():
+            monkeypatch.setenv(f"KZ_{field.upper()}", str(value))
+        reset_platform_caches()
+        return get_settings()
+
+    yield configure
+    reset_platform_caches()
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """Gives TCP ports nothing listens on right now (the kernel picked each, then we let it go)."""
+
+    def pick() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    return pick
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis database number held by this session alone (``KZ_TEST_REDIS_URL`` with a path pins one)."""
+    base = TEST_REDIS_URL.rstrip("/")
+    try:
+        redis.Redis.from_url(base, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        unavailable(f"Redis at {base} unreachable: {exc}")
+    pinned = urlparse(base).path.strip("/")
+    candidates = [base] if pinned else [f"{base}/{db}" for db in REDIS_DB_CANDIDATES]
+    token = f"{os.getpid()}:{secrets.token_hex(4)}"
+    for url in candidates:
+        client = redis.Redis.from_url(url)
+        if client.set(REDIS_LOCK_KEY, token, nx=True, ex=3600):
+            break
+    else:
+        pytest.fail(f"every Redis database in {candidates} is held by another test session ({REDIS_LOCK_KEY})")
+    yield url
+    client.flushdb()
+
+
+def empty_redis(url: str) -> None:
+    """Drop every key but the session lock: no message of an earlier test reaches a new worker."""
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter():
+        if key != REDIS_LOCK_KEY.encode():
+            client.delete(key)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL, created through the admin URL and dropped after."""
+    admin_url = make_url(TEST_POSTGRES_URL)
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"kz_test_{secrets.token_hex(6)}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    except OperationalError as exc:
+        admin.dispose()
+        unavailable(f"PostgreSQL at {admin_url.render_as_string(hide_password=True)} unreachable: {exc.orig}")
+    yield admin_url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture
+def platform_env(kz_env: Callable[..., Settings], redis_url: str) -> Callable[..., Settings]:
+    """Settings on the session's Redis database (emptied) and a migrated SQLite database."""
+    empty_redis(redis_url)
+    kz_env(redis_url=redis_url)
+    migrate.upgrade()
+    return kz_env
+
+
+@dataclass
+class WorkerProcess:
+    """A Celery worker started by a test: its main process and the log it writes."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def pool_pids(self) -> set[int]:
+        return {child.pid for child in psutil.Process(self.popen.pid).children(recursive=True)}
+
+    def stop(self) -> None:
+        """SIGTERM the worker's process group, SIGKILL what is left after a grace period."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.popen.wait()
+
+
+@pytest.fixture
+def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``<service>.worker`` as ``kernelzero up`` would; extra KZ_ fields go to its environment."""
+    workers: list[WorkerProcess] = []
+
+    def start(service: str = "trainer", ready_timeout_s: float = 60, **fields: object) -> WorkerProcess:
+        env = dict(os.environ) | {f"KZ_{k.upper()}": str(v) for k, v in fields.items()}
+        command = next(p.command for p in platform_commands(get_settings(), (service,)) if p.name.endswith("worker"))
+        log_path = tmp_path / f"{service}-worker-{len(workers)}.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        worker = WorkerProcess(popen, log_path)
+        workers.append(worker)
+        deadline = time.monotonic() + ready_timeout_s
+        while " ready." not in worker.log():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{service} worker did not start (exit {popen.poll()}):\n{worker.log()[-3000:]}")
+            time.sleep(0.1)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()

@@ -1,0 +1,124 @@
+"""``kernelzero up`` runs the whole platform and Ctrl-C leaves nothing behind.
+
+The installed ``kernelzero`` starts the four services and their workers on free ports with a
+private data dir; the typed clients then check each service end to end (health, readiness, a probe
+job through its worker, errors carrying the server's reason), ``kernelzero status`` reports it,
+and SIGINT must stop every process the launcher started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceError, ServiceUnreachable, TrainerClient
+from services.cli.launcher import run_state_path
+from services.config import SERVICE_NAMES, Settings
+
+KERNELZERO = Path(sys.executable).with_name("kernelzero")
+CLIENTS: dict[str, type[ServiceClient]] = {
+    "proposer": ProposerClient, "coder": CoderClient, "reward": RewardClient, "trainer": TrainerClient,
+}
+
+
+def wait_until_ready(launcher: subprocess.Popen[bytes], log: Path, settings: Settings, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(SERVICE_NAMES)
+    while pending:
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"kernelzero up: {sorted(pending)} not ready (exit {launcher.poll()}):\n{log.read_text()[-4000:]}")
+        if settings.api_key_file.exists():
+            for service in sorted(pending):
+                try:
+                    with CLIENTS[service]() as client:
+                        if client.readiness().ready:
+                            pending.discard(service)
+                except ServiceUnreachable:
+                    pass
+        time.sleep(0.5)
+
+
+def leftovers(data_dir: Path, pids: set[int]) -> list[str]:
+    """Live processes that were started for this platform: by pid, or naming its data dir."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            environ = proc.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            environ = {}
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.pid in pids or environ.get("KZ_DATA_DIR") == str(data_dir) or str(data_dir) in cmdline:
+            found.append(f"{proc.pid} {cmdline}")
+    return found
+
+
+def test_kernelzero_up_serves_all_four_then_stops_clean(
+    platform_env: Callable[..., Settings], free_port: Callable[[], int], tmp_path: Path
+) -> None:
+    settings = platform_env(
+        auth_enabled=True,
+        database_url=f"sqlite:///{tmp_path / 'up.db'}",  # unmigrated: `up` must migrate it
+        **{f"{service}_port": free_port() for service in SERVICE_NAMES},
+    )
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        launcher = subprocess.Popen([str(KERNELZERO), "up"], stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        wait_until_ready(launcher, log, settings)
+        state = json.loads(run_state_path(settings).read_text())
+        assert state["launcher_pid"] == launcher.pid
+        assert {p["name"] for p in state["processes"]} == {f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")}
+        started = {p["pid"] for p in state["processes"]} | {launcher.pid}
+        descendants = {p.pid for p in psutil.Process(launcher.pid).children(recursive=True)}
+        assert started - {launcher.pid} <= descendants
+
+        clients = {service: CLIENTS[service]() for service in SERVICE_NAMES}
+        jobs = {}
+        for service, client in clients.items():
+            assert client.base_url == f"http://127.0.0.1:{settings.service_port(service)}"
+            assert client.health() == {"status": "ok", "service": service}
+            assert client.readiness().checks == {"database": "ok", "redis": "ok"}
+            jobs[service] = client.probe(token=f"up-{service}")
+            assert client.probe(token=f"up-{service}").id == jobs[service].id
+        for service, client in clients.items():
+            done = client.wait_for_job(jobs[service].id, timeout_s=60, poll_s=0.2)
+            assert done.status == "succeeded", done.error
+            assert done.result is not None and done.result["pid"] in descendants
+            client.close()
+
+        with TrainerClient() as client, pytest.raises(ServiceError) as not_found:
+            client.get_job("no-such-job")
+        assert (not_found.value.status_code, not_found.value.detail) == (404, "no job with id no-such-job")
+        with TrainerClient(api_key="kz_wrong") as client, pytest.raises(ServiceError) as refused:
+            client.get_job(jobs["trainer"].id)
+        assert (refused.value.status_code, refused.value.detail) == (401, "invalid or revoked API key")
+
+        status = subprocess.run([str(KERNELZERO), "status", "--json"], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["services"] == {s: "ready" for s in SERVICE_NAMES}
+        assert all(p["alive"] for p in report["processes"]) and len(report["processes"]) == 8
+        assert set(report["queues"].values()) == {0}
+        running = leftovers(settings.data_dir, set())  # the detector sees the live platform
+        assert len(running) >= 1 + 8, running
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            code = launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            raise
+    assert code == 0, log.read_text()[-4000:]
+    assert not run_state_path(settings).exists()
+    assert leftovers(settings.data_dir, started | descendants) == []
