@@ -1,0 +1,188 @@
+"""One evaluation: policy check, the reference child (once per group), candidate children, judge.
+
+Plain functions over plain data, so the CLI, the Celery task and the tests call the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import shutil
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from services.config import Settings, get_settings
+from services.sandbox import SandboxResult
+from reward_svc.policy import check_source
+from reward_svc.sandbox import Child, ChildPool, Layout
+from reward_svc.verify import Tolerance, Verdict, judge
+
+Backend = Literal["cuda", "triton"]
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    backend: Backend = "triton"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trials: int = 3
+    atol: float | None = None
+    rtol: float | None = None
+    timeout_s: float = 180.0
+    measure_speed: bool = True
+    time_compiled: bool = False
+    timing_budget_s: float = 10.0
+
+
+@dataclass
+class Evaluation:
+    """What a group evaluation produced: one verdict per candidate, plus the reference's facts."""
+
+    verdicts: list[Verdict]
+    device: str
+    reference: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "cuda" if _cuda_available() else "cpu"
+
+
+@lru_cache
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class Evaluator:
+    """Owns the warm children of one worker; evaluates groups of candidates against a reference."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.layout = Layout(self.settings.data_dir / "reward").create()
+        self._pools: dict[tuple[str, float], ChildPool] = {}
+
+    def pool(self, device: str, timeout_s: float) -> ChildPool:
+        key = (device, timeout_s)
+        if key not in self._pools:
+            self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, self.settings.reward_warm_children)
+        return self._pools[key]
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+    def evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:
+        device = resolve_device(options.device)
+        verdicts: list[Verdict | None] = [None] * len(candidates)
+        for i, source in enumerate(candidates):
+            verdicts[i] = _policy_verdict(source)
+        pending = [i for i, v in enumerate(verdicts) if v is None]
+        if not pending:
+            return Evaluation([v for v in verdicts if v is not None], device)
+
+        ref_child = self.pool(device, options.timeout_s).take()
+        seeds = _secret_seeds()
+        (ref_child.workdir / "reference.py").write_text(reference)
+        ref_spec = {
+            "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
+            "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
+            "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
+            "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
+        }
+        outcome, ref_result = ref_child.run(ref_spec)
+        try:
+            if ref_result is None or ref_result.get("status") != "ok":
+                why = ref_result.get("reason") if ref_result else _crash_reason(outcome, "the reference")
+                verdict = Verdict("runtime_error", f"the reference could not be evaluated: {why}", guard=None)
+                return Evaluation([v or verdict for v in verdicts], device, ref_result or {})
+            exchange = self.layout.exchange / ref_child.workdir.name
+            (ref_child.workdir / "exchange").rename(exchange)
+            tolerance = Tolerance(options.atol, options.rtol)
+
+            def run_one(i: int) -> None:
+                verdicts[i] = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
+
+            with ThreadPoolExecutor(max_workers=self.settings.reward_parallel_children) as executor:
+                list(executor.map(run_one, pending))
+            shutil.rmtree(exchange, ignore_errors=True)
+            return Evaluation([v for v in verdicts if v is not None], device, ref_result)
+        finally:
+            ref_child.discard()
+
+    def _gpu_lock(self, device: str) -> str | None:
+        return str(self.layout.locks / "gpu.lock") if device == "cuda" else None
+
+    def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
+                            ref_result: dict[str, Any], ref_dir: Path, tolerance: Tolerance) -> Verdict:
+        child = self.pool(device, options.timeout_s).take()
+        try:
+            digest = hashlib.sha256(source.encode()).hexdigest()
+            cached = self.layout.cache / digest
+            build = cached if cached.exists() else child.workdir / "build"
+            (child.workdir / "candidate.py").write_text(source)
+            spec = {
+                "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
+                "device": device, "trials": options.trials, "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
+                "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
+                "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
+            }
+            outcome, result = child.run(spec)
+            if result is None:
+                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
+                               details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
+            verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, tolerance)
+            if build != cached and build.exists() and verdict.status not in ("compile_error",):
+                _publish(build, cached)
+            verdict.details["compile_cache_hit"] = build == cached
+            verdict.details["isolation"] = outcome.isolation
+            return verdict
+        finally:
+            child.discard()
+
+
+def _policy_verdict(source: str) -> Verdict | None:
+    try:
+        violations = check_source(source)
+    except SyntaxError as exc:
+        return Verdict("compile_error", f"the candidate is not valid Python: {exc.msg} (line {exc.lineno})")
+    if not violations:
+        return None
+    first = violations[0]
+    return Verdict("rejected", f"{first.guard}: {first.describe()}", guard=first.guard,
+                   details={"violations": [v.describe() for v in violations]})
+
+
+def _secret_seeds() -> dict[str, Any]:
+    """Per request: inputs and weights no candidate can predict; two weight seeds, so a candidate
+    that ignores the weights it was given cannot pass."""
+    weights = secrets.randbelow(2**31 - 1)
+    return {"input": secrets.randbelow(2**31 - 1), "weights": [weights, (weights + 1 + secrets.randbelow(2**30)) % (2**31 - 1)]}
+
+
+def _crash_reason(outcome: SandboxResult, who: str) -> str:
+    if outcome.timed_out:
+        return f"{who} ran past the {outcome.wall_s:.0f} s time limit and was killed"
+    if outcome.signal is not None:
+        name = signal.Signals(outcome.signal).name if outcome.signal in signal.valid_signals() else str(outcome.signal)
+        return f"{who} crashed: {outcome.describe()} ({name})"
+    tail = outcome.stderr.decode(errors="replace").strip().splitlines()[-3:]
+    return f"{who} exited without a result ({outcome.describe()}): {' | '.join(tail)}"
+
+
+def _publish(build: Path, cached: Path) -> None:
+    """Move a child's build into the shared cache; a concurrent publisher of the same source wins."""
+    try:
+        build.rename(cached)
+    except OSError:
+        pass
+
+
+def evaluate(reference: str, candidate: str, options: EvalOptions, evaluator: Evaluator | None = None) -> Verdict:
+    evaluator = evaluator or Evaluator()
+    return evaluator.evaluate_group(reference, [candidate], options).verdicts[0]

@@ -1,0 +1,211 @@
+"""The candidate role: import ``ModelNew``, run it on the reference's inputs, record evidence, time it.
+
+This process never sees the reference module, its outputs or its input seed. It records what
+the verdict needs: the outputs of every trial (judged by the worker), the custom-kernel launches,
+the output of a *knockout* trial (custom kernels' results poisoned), late writes after return,
+input mutation, stray threads, replaced harness functions, changed precision flags.
+Outputs are written only after all candidate code has finished running, then the process exits
+without running finalizers, so nothing the candidate scheduled can rewrite them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reward_svc.harness import tensors
+from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
+from reward_svc.harness.loading import hold_gpu_lock, import_file
+from reward_svc.harness.reference import build_model
+
+COMPILE_ONLY_MARK = "compiled only"
+
+
+class Rejection(Exception):
+    def __init__(self, guard: str, reason: str) -> None:
+        super().__init__(reason)
+        self.guard = guard
+        self.reason = reason
+
+
+def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None:
+    """Route load_inline through the cached fast path and count calls into what it builds."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    try:  # TEMP until compile.py lands
+        from reward_svc.compile import install_fast_load_inline
+        install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
+    except ImportError:
+        pass
+    fast = cpp_extension.load_inline
+
+    def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
+        module = fast(name, *args, **kwargs)
+        return counter.wrap_extension(module, name) if kwargs.get("is_python_module", True) else module
+
+    cpp_extension.load_inline = load_inline
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"CompilationError", "CompileError", "SyntaxError", "IndentationError"}) or "Error building extension" in str(exc)
+
+
+def _failure(exc: BaseException, during: str) -> dict[str, Any]:
+    tail = "".join(traceback.format_exception(exc)[-6:])[-2000:]
+    if _is_compile_error(exc):
+        return {"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail}
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return {"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail}
+    return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail}
+
+
+def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Returns (result, outputs to save). The caller saves outputs after every candidate call."""
+    device = spec["device"]
+    exchange = Path(spec["exchange_dir"])
+    counter = LaunchCounter()
+    snapshot = IntegritySnapshot()
+    counter.install_triton()
+    _install_compile_hooks(counter, spec)
+    baseline_threads = threading.active_count()
+    outputs: dict[str, Any] = {}
+    observations: dict[str, Any] = {"launches_per_case": []}
+
+    try:
+        module = import_file(Path(spec["candidate_path"]), "kz_candidate")
+    except Exception as exc:
+        return _failure(exc, "while importing the candidate"), outputs
+    if not hasattr(module, "ModelNew"):
+        return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}, outputs
+
+    models: dict[int, torch.nn.Module] = {}
+    case_args: list[Any] = []
+    hold_gpu_lock(spec.get("gpu_lock"))  # compiled in parallel above; GPU work is exclusive from here
+    try:
+        with torch.no_grad():
+            for case in range(spec["trials"]):
+                out, args = _run_case(module, models, spec, exchange, case, counter, observations, baseline_threads)
+                outputs[f"output_{case}"] = out
+                case_args.append(args)
+            outputs["output_refresh"] = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
+            if counter.total:
+                outputs["output_knockout"] = _knockout_trial(module, models, spec, exchange, counter)
+    except Rejection as rejection:
+        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}, outputs
+    except Exception as exc:
+        if COMPILE_ONLY_MARK in str(exc):
+            return {"status": "unverified", "reason": "the CUDA source compiles with nvcc; running it needs a GPU (none here)",
+                    "observations": _finish_observations(observations, counter, snapshot)}, {}
+        return {**_failure(exc, "while running ModelNew"), "observations": observations}, outputs
+
+    observations = _finish_observations(observations, counter, snapshot)
+    result: dict[str, Any] = {"status": "ok", "observations": observations}
+    if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
+        from reward_svc.harness.timing import time_gpu
+
+        model = models[spec["weight_seeds"][0]]
+        args = tensors.to_device(tensors.load(exchange / "inputs_0.pt"), device)
+        try:
+            with torch.no_grad():
+                result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
+        except Exception as exc:
+            return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs
+        result["observations"]["replaced_functions"] = snapshot.replaced()
+    return result, outputs
+
+
+def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int) -> torch.nn.Module:
+    weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
+    if weight_seed not in models:
+        init_inputs = tensors.load(exchange / f"init_{case}.pt")
+        models[weight_seed] = build_model(module, "ModelNew", weight_seed, spec["device"], init_inputs)
+    return models[weight_seed]
+
+
+def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int,
+              counter: LaunchCounter, observations: dict[str, Any], baseline_threads: int) -> tuple[Any, Any]:
+    model = _model_for(module, models, spec, exchange, case)
+    args = tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
+    pristine = tensors.clone(args)
+    launches_before = counter.total
+    if case == 0:
+        recorder = OpRecorder()
+        with recorder:
+            out = model(*args)
+        observations["compute_ops"] = recorder.compute_ops()
+    else:
+        out = model(*args)
+    returned = tensors.clone(out)  # what the caller sees the moment forward returns
+    _settle(spec["device"])
+    observations["launches_per_case"].append(counter.total - launches_before)
+    if not all(tensors.same_bits(a, b) for a, b in zip(tensors.tensors_in(returned), tensors.tensors_in(out))):
+        raise Rejection("late_write", "the output changed after forward returned: work was left running on a side stream or thread")
+    mutated = [i for i, (a, b) in enumerate(zip(tensors.tensors_in(args), tensors.tensors_in(pristine))) if not tensors.same_bits(a, b)]
+    if mutated:
+        raise Rejection("input_mutation", f"forward modified its input tensor(s) {mutated}")
+    if threading.active_count() > baseline_threads:
+        raise Rejection("background_thread", "forward left a thread running after it returned")
+    return tensors.to_cpu(out), args
+
+
+def _settle(device: str) -> None:
+    """Let anything still in flight land, so a late write is visible."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    time.sleep(0.005)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case_args: list[Any],
+                   counter: LaunchCounter, observations: dict[str, Any]) -> Any:
+    """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
+    tensor identity, address or shape."""
+    last = len(case_args) - 1
+    targets = tensors.tensors_in(case_args[last])
+    fresh = tensors.tensors_in(tensors.to_device(tensors.load(exchange / "inputs_0.pt"), spec["device"]))
+    if [t.shape for t in targets] != [t.shape for t in fresh]:
+        return None
+    for target, value in zip(targets, fresh):
+        target.copy_(value)
+    out = _model_for(module, models, spec, exchange, 0)(*case_args[last])
+    _settle(spec["device"])
+    return tensors.to_cpu(out)
+
+
+def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter) -> Any:
+    """Run once more with every custom kernel's writes poisoned and uninitialised memory filled
+    with NaN: an output that is still right was not computed by the custom kernels."""
+    case = spec["trials"]
+    model = _model_for(module, models, spec, exchange, case)
+    args = tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
+    import torch.utils.deterministic as deterministic
+
+    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    counter.knockout = True
+    try:
+        out = model(*args)
+        _settle(spec["device"])
+    finally:
+        counter.knockout = False
+        torch.use_deterministic_algorithms(previous[0], warn_only=True)
+        deterministic.fill_uninitialized_memory = previous[1]
+    return tensors.to_cpu(out)
+
+
+def _finish_observations(observations: dict[str, Any], counter: LaunchCounter, snapshot: IntegritySnapshot) -> dict[str, Any]:
+    return {
+        **observations,
+        "launches": dict(counter.launches),
+        "failed_launches": dict(counter.failures),
+        "replaced_functions": snapshot.replaced(),
+        "precision_changes": snapshot.precision_changes(),
+    }

@@ -1,0 +1,56 @@
+"""Entry point of a sandboxed evaluation child: ``python -m reward_svc.harness.child WORKDIR``.
+
+It warms up first (imports torch and triton, initialises CUDA) and only then blocks on stdin for
+its job, so a pool can keep warm children ready. One child serves exactly one job: no state
+survives from one candidate to the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _warm_up(device: str) -> None:
+    import torch
+    import torch._dynamo  # noqa: F401  (it rewraps torch.manual_seed on first import: let that happen before the integrity snapshot)
+
+    try:
+        import triton  # noqa: F401  (compiles nothing yet; importing costs ~0.5 s we'd rather pay early)
+    except ImportError:
+        pass
+    if device == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def main() -> None:
+    workdir = Path(sys.argv[1])
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    _warm_up(device)
+    print("ready", flush=True)
+    spec = json.loads(sys.stdin.readline())
+    from reward_svc.harness import tensors
+
+    if spec["role"] == "reference":
+        from reward_svc.harness.reference import run_reference
+
+        result, outputs = run_reference(spec, workdir), {}
+    else:
+        from reward_svc.harness.candidate import run_candidate
+
+        result, outputs = run_candidate(spec, workdir)
+    for name, value in outputs.items():
+        tensors.save(workdir / f"{name}.pt", value)
+    (workdir / "result.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no finalizers: nothing the candidate left behind runs after its outputs are written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Dynamic evidence collected in the candidate's process.
+
+- ``LaunchCounter`` sees every Triton launch and every call into a ``load_inline`` extension.
+  In *knockout* mode it poisons whatever each launch wrote: if the model's output is still right
+  with the custom kernels' results destroyed, those kernels did not compute it (a decoy).
+- ``OpRecorder`` lists the aten operators the forward ran, to compare with the reference's.
+- ``IntegritySnapshot`` remembers the functions the harness relies on (timers, sync, torch
+  entry points) and reports any that were replaced.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import types
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reward_svc.harness import tensors
+
+# aten operators that move, view or allocate memory; everything else computes.
+_NON_COMPUTE_PREFIXES = (
+    "empty", "new_empty", "zeros", "ones", "full", "fill", "zero_", "view", "_unsafe_view", "reshape",
+    "as_strided", "expand", "permute", "transpose", "t", "contiguous", "clone", "copy", "_to_copy", "to",
+    "detach", "alias", "slice", "select", "squeeze", "unsqueeze", "flatten", "unflatten", "split", "chunk",
+    "narrow", "size", "stride", "sym_", "lift", "_local_scalar_dense", "item", "resize", "set_", "unbind",
+    "is_", "arange", "_reshape_alias", "new_zeros", "new_ones", "new_full", "lift_fresh", "dim", "numel",
+    "record_stream", "_has_compatible_shallow_copy_type", "_unsafe_index", "stack", "cat",
+)
+
+
+def is_compute_op(name: str) -> bool:
+    return not any(name == p or name.startswith(p + ".") or name.startswith(p + "_") or name == p.rstrip("_")
+                   for p in _NON_COMPUTE_PREFIXES)
+
+
+class OpRecorder(TorchDispatchMode):
+    """Each aten op the forward ran, with how many calls and how many input elements it processed
+    (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+        self.elements: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        self.calls[name] += 1
+        self.elements[name] += sum(t.numel() for t in tensors.tensors_in((args, kwargs or {})))
+        return func(*args, **(kwargs or {}))
+
+    def compute_ops(self) -> dict[str, dict[str, int]]:
+        return {name: {"calls": n, "elements": self.elements[name]} for name, n in sorted(self.calls.items()) if is_compute_op(name)}
+
+
+class LaunchCounter:
+    def __init__(self) -> None:
+        self.launches: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.knockout = False
+        self.poisoned = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.launches.values())
+
+    def around(self, label: str, call: Callable[[], Any], args: Any, kwargs: Any) -> Any:
+        """Count one launch; in knockout mode, poison every tensor it wrote and returned."""
+        self.launches[label] += 1
+        if not self.knockout:
+            return self._call(label, call)
+        inputs = tensors.tensors_in((args, kwargs))
+        before = [t.clone() for t in inputs]
+        result = self._call(label, call)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        for t, old in zip(inputs, before):
+            if not tensors.same_bits(t, old):
+                tensors.poison_(t)
+                self.poisoned += 1
+        for t in tensors.tensors_in(result):
+            tensors.poison_(t)
+            self.poisoned += 1
+        return result
+
+    def _call(self, label: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except BaseException:
+            self.failures[label] += 1
+            raise
+
+    def install_triton(self) -> None:
+        """Wrap the launch entry point of compiled and interpreted Triton kernels."""
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return
+        classes: list[type] = [JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except ImportError:
+            pass
+        for cls in classes:
+            original = cls.run
+
+            def run(fn_self, *args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
+                if kwargs.get("warmup"):
+                    return _original(fn_self, *args, **kwargs)
+                label = f"triton:{getattr(getattr(fn_self, 'fn', None), '__name__', 'kernel')}"
+                return self.around(label, lambda: _original(fn_self, *args, **kwargs), args, kwargs)
+
+            cls.run = run
+
+    def wrap_extension(self, module: types.ModuleType, name: str) -> types.ModuleType:
+        """A stand-in for a load_inline module whose every function call is counted."""
+        counted = types.ModuleType(getattr(module, "__name__", name))
+        for attr in dir(module):
+            value = getattr(module, attr)
+            if callable(value) and not attr.startswith("__") and not isinstance(value, type):
+                value = self._counted(f"cuda:{name}.{attr}", value)
+            setattr(counted, attr, value)
+        return counted
+
+    def _counted(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.around(label, lambda: fn(*args, **kwargs), args, kwargs)
+
+        return call
+
+
+def _watched_functions() -> dict[str, Any]:
+    import builtins
+
+    watched = {
+        "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
+        "time.time": time.time, "time.monotonic": time.monotonic,
+        "threading.Thread.start": threading.Thread.start,
+        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isclose": torch.isclose,
+        "torch.save": torch.save, "torch.load": torch.load, "torch.manual_seed": torch.manual_seed,
+        "torch.Tensor.clone": torch.Tensor.clone, "torch.Tensor.to": torch.Tensor.to,
+        "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.__eq__": torch.Tensor.__eq__,
+        "torch.nn.Module.__call__": torch.nn.Module.__call__,
+        "torch.utils._python_dispatch.TorchDispatchMode.__enter__": TorchDispatchMode.__enter__,
+        "builtins.open": builtins.open, "builtins.print": builtins.print,
+        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+        "torch.cuda.Event.record": torch.cuda.Event.record,
+        "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+        "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize,
+        "torch.cuda.current_stream": torch.cuda.current_stream,
+    }
+    return watched
+
+
+class IntegritySnapshot:
+    """Identity of every function the harness trusts, taken before the candidate is imported."""
+
+    def __init__(self) -> None:
+        self.expected = _watched_functions()
+        self.flags = precision_flags()
+
+    def replaced(self) -> list[str]:
+        now = _watched_functions()
+        return [name for name, fn in self.expected.items() if now.get(name) is not fn]
+
+    def precision_changes(self) -> list[str]:
+        now = precision_flags()
+        return [f"{k}: {self.flags[k]} -> {now[k]}" for k in self.flags if now[k] != self.flags[k]]
+
+
+def precision_flags() -> dict[str, Any]:
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cuda.matmul.allow_fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "cuda.matmul.allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "default_dtype": str(torch.get_default_dtype()),
+    }

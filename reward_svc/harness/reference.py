@@ -1,0 +1,84 @@
+"""The reference role: make the trial inputs, run ``Model`` on them, time it.
+
+Inputs come from a per-request secret seed that only this process sees; weights come from
+per-trial weight seeds that the candidate's process reuses, so ``Model`` and ``ModelNew`` hold the
+same parameters. Inputs go to the exchange directory (the candidate gets a copy); the expected
+outputs stay here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reward_svc.harness import tensors
+from reward_svc.harness.instrument import OpRecorder
+from reward_svc.harness.loading import hold_gpu_lock, import_file
+
+
+def build_model(module: Any, cls_name: str, weight_seed: int, device: str, init_inputs: list[Any]) -> torch.nn.Module:
+    torch.manual_seed(weight_seed)
+    model = getattr(module, cls_name)(*init_inputs)
+    return model.to(device).eval() if isinstance(model, torch.nn.Module) else model
+
+
+def make_init_inputs(module: Any, weight_seed: int) -> list[Any]:
+    torch.manual_seed(weight_seed)
+    return list(module.get_init_inputs()) if hasattr(module, "get_init_inputs") else []
+
+
+def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    device = spec["device"]
+    module = import_file(Path(spec["reference_path"]), "kz_reference")
+    for name in ("Model", "get_inputs"):
+        if not hasattr(module, name):
+            return {"status": "invalid_reference", "reason": f"the reference defines no {name}"}
+    exchange = workdir / "exchange"
+    exchange.mkdir(exist_ok=True)
+    hold_gpu_lock(spec.get("gpu_lock"))
+    n_cases = spec["trials"] + 1  # the last case feeds the knockout trial
+    models: dict[int, torch.nn.Module] = {}
+    recorder = OpRecorder()
+    outputs_meta = []
+    with torch.no_grad():
+        for case in range(n_cases):
+            weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
+            init_inputs = make_init_inputs(module, weight_seed)
+            if weight_seed not in models:
+                models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
+            torch.manual_seed(spec["input_seed"] + case)
+            inputs = list(module.get_inputs())
+            tensors.save(exchange / f"init_{case}.pt", init_inputs)
+            tensors.save(exchange / f"inputs_{case}.pt", inputs)
+            if case == 0:
+                with recorder:
+                    output = models[weight_seed](*tensors.to_device(inputs, device))
+            else:
+                output = models[weight_seed](*tensors.to_device(inputs, device))
+            tensors.save(workdir / f"expected_{case}.pt", output)
+            outputs_meta.append(_describe(output))
+    result: dict[str, Any] = {
+        "status": "ok",
+        "cases": n_cases,
+        "weight_seeds": spec["weight_seeds"],
+        "compute_ops": recorder.compute_ops(),
+        "outputs": outputs_meta,
+    }
+    if spec.get("time") and device == "cuda":
+        from reward_svc.harness.timing import time_gpu
+
+        model = models[spec["weight_seeds"][0]]
+        inputs = tensors.to_device(tensors.load(exchange / "inputs_0.pt"), device)
+        with torch.no_grad():
+            result["timing"] = time_gpu(lambda: model(*inputs), budget_s=spec.get("timing_budget_s", 10.0))
+            if spec.get("time_compiled"):
+                compiled = torch.compile(model)
+                result["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=spec.get("timing_budget_s", 10.0))
+    return result
+
+
+def _describe(output: Any) -> dict[str, Any]:
+    ts = tensors.tensors_in(output)
+    return {"tensors": len(ts), "shapes": [list(t.shape) for t in ts], "dtypes": [str(t.dtype) for t in ts]}

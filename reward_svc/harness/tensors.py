@@ -1,0 +1,63 @@
+"""Tensor plumbing shared by both roles: moving, cloning, saving and poisoning nested arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def map_tensors(obj: Any, fn) -> Any:  # type: ignore[no-untyped-def]
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(obj, lambda t: found.append(t) or t)
+    return found
+
+
+def to_device(obj: Any, device: str) -> Any:
+    return map_tensors(obj, lambda t: t.to(device))
+
+
+def clone(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.clone())
+
+
+def to_cpu(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.detach().to("cpu").clone())
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact equality that treats NaN as equal to NaN (poisoned buffers hold NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
+
+
+def poison_(t: torch.Tensor) -> None:
+    """Overwrite a tensor with values no correct computation leaves behind."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.logical_not_()
+    else:
+        t.fill_(torch.iinfo(t.dtype).min)
+
+
+def save(path: Path, obj: Any) -> None:
+    torch.save(to_cpu(obj), path)
+
+
+def load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,100 @@
+"""GPU timing that measures the kernel, not the launch path.
+
+Each sample is ``flush L2 → start event → fn() → end event``, queued without a host sync in
+between: the flush is long enough that the host runs ahead of the GPU, so even a 2 µs kernel is
+timed on the GPU's clock rather than on Python's launch overhead (the triton ``do_bench``
+method). Every batch ends with a device-wide synchronize and is also timed as a whole, so work a
+candidate leaves on a side stream is still paid for: if the batch took longer than its samples
+account for, the per-call figure is taken from the batch instead. Batches repeat until the
+relative standard error of the samples is below the target, or the budget runs out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20  # several times the H100/H200 L2 (50-60 MB)
+
+
+def time_gpu(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 5,
+    batch: int = 20,
+    min_samples: int = 40,
+    max_samples: int = 1000,
+    target_rse: float = 0.005,
+    budget_s: float = 10.0,
+) -> dict[str, Any]:
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    flush_ms = _flush_cost_ms(flush)
+
+    samples: list[float] = []
+    batch_excess_ms: list[float] = []
+    started = time.perf_counter()
+    while True:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        batch_start = torch.cuda.Event(enable_timing=True)
+        batch_end = torch.cuda.Event(enable_timing=True)
+        batch_start.record()
+        for start, end in zip(starts, ends):
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()  # device-wide: side streams must finish inside the batch
+        batch_end.record()
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        samples.extend(times)
+        # What the batch cost beyond its flushes and timed calls: work outside the events.
+        batch_excess_ms.append(batch_start.elapsed_time(batch_end) - batch * flush_ms - sum(times))
+        rse = _relative_standard_error(samples)
+        elapsed = time.perf_counter() - started
+        if len(samples) >= min_samples and (rse <= target_rse or len(samples) >= max_samples or elapsed > budget_s):
+            break
+        if elapsed > budget_s and len(samples) >= batch:
+            break
+
+    median = statistics.median(samples)
+    untimed_per_call = max(0.0, statistics.median(batch_excess_ms) / batch)
+    # Side-stream work shows up as excess far beyond the sync/launch slack of a batch.
+    escaped = untimed_per_call > max(0.05, 0.5 * median)
+    return {
+        "median_ms": median + (untimed_per_call if escaped else 0.0),
+        "mean_ms": statistics.fmean(samples),
+        "std_ms": statistics.pstdev(samples),
+        "min_ms": min(samples),
+        "samples": len(samples),
+        "rse": _relative_standard_error(samples),
+        "untimed_ms_per_call": untimed_per_call,
+        "side_stream_work": escaped,
+        "method": "events+l2flush, batch-synchronized",
+    }
+
+
+def _flush_cost_ms(flush: torch.Tensor, repeats: int = 10) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        flush.zero_()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def _relative_standard_error(samples: list[float]) -> float:
+    if len(samples) < 2:
+        return math.inf
+    mean = statistics.fmean(samples)
+    return statistics.stdev(samples) / math.sqrt(len(samples)) / mean if mean > 0 else math.inf

@@ -1,0 +1,154 @@
+"""The capability policy: what a kernel's Python may touch, checked on its syntax tree.
+
+Correctness, decoys and fallbacks are judged on dynamic evidence (see harness/ and verify.py).
+This policy closes the other door: code that reaches *around* the harness (patching timers or
+torch, walking frames or the heap, threads and processes, file and network I/O, dynamic code)
+has no business in a kernel, and would let a candidate tamper with the measurements that run in
+its own process. A violation is a ``rejected`` verdict naming the rule.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+ALLOWED_MODULES = frozenset({
+    "torch", "triton", "numpy", "math", "functools", "itertools", "operator", "typing",
+    "dataclasses", "collections", "enum", "abc", "warnings", "os", "__future__", "einops",
+})
+FORBIDDEN_CALLS = frozenset({
+    "eval", "exec", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "open",
+    "input", "memoryview", "delattr",
+})
+# Attributes that lead from an object to frames, code, globals or the class hierarchy.
+FORBIDDEN_ATTRIBUTES = frozenset({
+    "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__", "__bases__", "__mro__",
+    "__dict__", "__getattribute__", "__setattr__", "__loader__", "__spec__", "f_back", "f_globals",
+    "f_locals", "f_code", "gi_frame", "cr_frame", "tb_frame", "_getframe", "settrace", "setprofile",
+    "modules", "__reduce__", "__reduce_ex__",
+})
+# Parts of torch that reach into the dispatcher, the C core or other processes.
+FORBIDDEN_TORCH_PARTS = ("torch._C", "torch.multiprocessing", "torch.utils._python_dispatch", "torch.overrides",
+                         "torch.distributed", "torch._dynamo")
+SETTABLE_TORCH_FLAGS = frozenset({"torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic"})
+OS_ALLOWED = frozenset({"environ", "path", "getenv", "cpu_count"})
+FILE_IO_FUNCTIONS = frozenset({"save", "load", "tofile", "fromfile", "savetxt", "loadtxt", "savez", "memmap", "from_file"})
+PRECISION_SETTERS = frozenset({"set_float32_matmul_precision", "allow_tf32", "allow_fp16_reduced_precision_reduction",
+                               "allow_bf16_reduced_precision_reduction", "set_default_dtype"})
+
+
+@dataclass(frozen=True)
+class PolicyViolation:
+    guard: str
+    line: int
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.detail} (line {self.line})"
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.violations: list[PolicyViolation] = []
+        self.module_aliases: set[str] = set()
+        self.file_io_modules: set[str] = set()  # aliases of torch and numpy, which can save and load
+
+    def _flag(self, guard: str, node: ast.AST, detail: str) -> None:
+        self.violations.append(PolicyViolation(guard, getattr(node, "lineno", 0), detail))
+
+    def _check_module(self, name: str, node: ast.AST) -> None:
+        if name.split(".")[0] not in ALLOWED_MODULES:
+            self._flag("forbidden_import", node, f"imports '{name}', which a kernel does not need")
+        elif _is_forbidden_torch_part(name):
+            self._flag("harness_tampering", node, f"imports '{name}', which reaches into torch's dispatcher or core")
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(alias.name, node)
+            local = (alias.asname or alias.name).split(".")[0]
+            self.module_aliases.add(local)
+            if alias.name.split(".")[0] in ("torch", "numpy") and (alias.asname is None or "." not in alias.name):
+                self.file_io_modules.add(local)
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self._flag("forbidden_import", node, "relative import: a kernel is a single file")
+        else:
+            self._check_module(node.module or "", node)
+            if (node.module or "") == "os":
+                for alias in node.names:
+                    if alias.name not in OS_ALLOWED:
+                        self._flag("forbidden_call", node, f"imports os.{alias.name}")
+        for alias in node.names:
+            self.module_aliases.add(alias.asname or alias.name)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:
+            self._flag("forbidden_call", node, f"calls {func.id}()")
+        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr") and node.args:
+            target = node.args[0]
+            if isinstance(target, ast.Name) and target.id in self.module_aliases:
+                self._flag("harness_tampering", node, f"{func.id}() on module '{target.id}'")
+            if func.id == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
+                self._flag("forbidden_call", node, "getattr() with a computed attribute name")
+        name = _dotted(func)
+        if name:
+            parts = name.split(".")
+            if parts[0] == "os" and len(parts) > 1 and parts[1] not in OS_ALLOWED:
+                self._flag("forbidden_call", node, f"calls {name}()")
+            if parts[0] in self.file_io_modules and parts[-1] in FILE_IO_FUNCTIONS:
+                self._flag("forbidden_call", node, f"calls {name}(): a kernel reads and writes no files")
+            if parts[-1] in PRECISION_SETTERS:
+                self._flag("precision_downgrade", node, f"calls {name}(), lowering the precision of the computation")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        dotted = _dotted(node)
+        if node.attr in FORBIDDEN_ATTRIBUTES:
+            self._flag("harness_tampering", node, f"accesses .{node.attr}")
+        elif dotted and _is_forbidden_torch_part(dotted) and not isinstance(node.ctx, ast.Store):
+            self._flag("harness_tampering", node, f"uses {dotted}, which reaches into torch's dispatcher or core")
+        if isinstance(node.ctx, ast.Store) and dotted not in SETTABLE_TORCH_FLAGS:
+            root = _root_name(node)
+            if node.attr in PRECISION_SETTERS:
+                self._flag("precision_downgrade", node, f"sets {_dotted(node)}, lowering the precision of the computation")
+            elif root in self.module_aliases and root != "os":
+                self._flag("harness_tampering", node, f"assigns to {_dotted(node) or node.attr}: modules are not the kernel's to patch")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in ("__builtins__", "__loader__", "__spec__"):
+            self._flag("harness_tampering", node, f"uses {node.id}")
+        self.generic_visit(node)
+
+
+def _is_forbidden_torch_part(name: str) -> bool:
+    return any(name == part or name.startswith(part + ".") for part in FORBIDDEN_TORCH_PARTS)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def check_source(source: str) -> list[PolicyViolation]:
+    """All violations of the capability policy in a candidate's source (empty: allowed)."""
+    tree = ast.parse(source)
+    checker = _Checker()
+    checker.visit(tree)
+    return checker.violations

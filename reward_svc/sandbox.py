@@ -1,0 +1,128 @@
+"""Evaluation children: sandbox policy, a warm pool, and the files each child may see.
+
+Layout under ``<data_dir>/reward``:
+  jobs/<id>/        one child's private, writable work directory
+  exchange/<id>/    a reference run's inputs, published by the worker after the child exits
+                    (read-only to every candidate child; the expected outputs never leave jobs/)
+  cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
+                    clean run; read-only to children, so no candidate can poison another's cache
+  locks/            one lock file per GPU: GPU work inside children is exclusive per device
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.config import Settings
+from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def exchange(self) -> Path:
+        return self.root / "exchange"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    def create(self) -> Layout:
+        for path in (self.jobs, self.exchange, self.cache, self.locks):
+            path.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+@dataclass
+class Child:
+    process: SandboxProcess
+    workdir: Path
+
+    def run(self, spec: dict[str, Any]) -> tuple[SandboxResult, dict[str, Any] | None]:
+        outcome = self.process.run((json.dumps(spec) + "\n").encode())
+        result_file = self.workdir / "result.json"
+        return outcome, json.loads(result_file.read_text()) if result_file.exists() else None
+
+    def discard(self) -> None:
+        self.process.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class ChildPool:
+    """Keeps ``size`` children warm (torch imported, CUDA initialised, blocked on stdin)."""
+
+    def __init__(self, settings: Settings, layout: Layout, device: str, timeout_s: float, size: int) -> None:
+        self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
+        self._warm: collections.deque[Child] = collections.deque()
+        self._lock = threading.Lock()
+        self.refill()
+
+    def policy(self, workdir: Path) -> SandboxPolicy:
+        env = {
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "TRITON_CACHE_DIR": str(workdir / "triton"),
+            "TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        for name in ("CUDA_VISIBLE_DEVICES", "CUDA_HOME", "LD_LIBRARY_PATH"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        return SandboxPolicy(
+            wall_timeout_s=self.timeout_s,
+            memory_bytes=None if self.device == "cuda" else self.settings.sandbox_memory_bytes,
+            writable_dirs=(workdir, self.layout.locks),
+            readonly_dirs=(self.layout.exchange, self.layout.cache),
+            hidden_dirs=(self.settings.data_dir,),
+            env=env,
+            gpu=self.device == "cuda",
+        )
+
+    def _spawn(self) -> Child:
+        workdir = self.layout.jobs / uuid.uuid4().hex
+        workdir.mkdir(parents=True)
+        argv = [sys.executable, "-m", "reward_svc.harness.child", str(workdir), self.device]
+        return Child(SandboxProcess(argv, self.policy(workdir), cwd=workdir), workdir)
+
+    def refill(self) -> None:
+        with self._lock:
+            while len(self._warm) < self.size:
+                self._warm.append(self._spawn())
+
+    def take(self) -> Child:
+        with self._lock:
+            while self._warm:
+                child = self._warm.popleft()
+                if child.process.alive:
+                    break
+                child.discard()
+            else:
+                child = self._spawn()
+        self.refill()
+        return child
+
+    def close(self) -> None:
+        with self._lock:
+            while self._warm:
+                self._warm.popleft().discard()

@@ -1,0 +1,194 @@
+"""The judge: turns the two children's files and observations into one verdict.
+
+Runs in the worker, on data only (tensors loaded with ``weights_only``); no candidate code.
+Order matters: a candidate is first held to the dynamic guards (did a custom kernel run, did its
+result reach the output, did it tamper), then to correctness on every trial.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reward_svc.harness import tensors
+
+DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# A correct output must reproduce the reference's variation, not just its level: relative L2
+# error of the mean-centred output. Applied where a constant or zero output would pass allclose.
+STRUCTURE_TOLERANCE = 0.05
+NOISE_ULPS = 64
+FALLBACK_WORK_SHARE = 0.5
+
+
+@dataclass
+class Verdict:
+    status: str
+    reason: str
+    guard: str | None = None
+    max_abs_error: float | None = None
+    runtime_ms: float | None = None
+    ref_runtime_ms: float | None = None
+    speedup: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float | None = None
+    rtol: float | None = None
+
+    def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
+        default = DEFAULT_TOLERANCE.get(dtype, 1e-4)
+        return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
+
+
+def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
+          trials: int, tolerance: Tolerance) -> Verdict:
+    status = cand_result.get("status")
+    observations = cand_result.get("observations", {})
+    if status != "ok":
+        return Verdict(status=status or "runtime_error", reason=cand_result.get("reason", "no reason given"),
+                       guard=cand_result.get("guard"), details={"observations": observations, "traceback": cand_result.get("traceback")})
+    rejection = guard_observations(observations, ref_result.get("compute_ops", {}))
+    if rejection:
+        guard, reason = rejection
+        return Verdict("rejected", reason, guard=guard, details={"observations": observations})
+
+    max_error = 0.0
+    for case in range(trials):
+        ok, why, error = compare(tensors.load(cand_dir / f"output_{case}.pt"), tensors.load(ref_dir / f"expected_{case}.pt"), tolerance)
+        max_error = max(max_error, error)
+        if not ok:
+            return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
+                           details={"observations": observations})
+    refresh = cand_dir / "output_refresh.pt"
+    if refresh.exists():
+        ok, why, _ = compare(tensors.load(refresh), tensors.load(ref_dir / "expected_0.pt"), tolerance)
+        if not ok:
+            return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
+                           "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
+    knockout = cand_dir / "output_knockout.pt"
+    if knockout.exists():
+        ok, _, _ = compare(tensors.load(knockout), tensors.load(ref_dir / f"expected_{trials}.pt"), tolerance)
+        if ok:
+            return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
+                           "so they do not compute it (PyTorch does)", guard="decoy_kernel", max_abs_error=_finite(max_error))
+
+    verdict = Verdict("correct", f"matches the reference on {trials} trials (max abs error {max_error:.3g})", max_abs_error=_finite(max_error),
+                      details={"observations": observations})
+    cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
+    if cand_timing and ref_timing:
+        verdict.runtime_ms = cand_timing["median_ms"]
+        verdict.ref_runtime_ms = ref_timing["median_ms"]
+        verdict.speedup = verdict.ref_runtime_ms / verdict.runtime_ms if verdict.runtime_ms > 0 else None
+        verdict.details["timing"] = cand_timing
+        verdict.details["ref_timing"] = ref_timing
+        if ref_result.get("timing_compiled"):
+            verdict.details["speedup_vs_compiled"] = ref_result["timing_compiled"]["median_ms"] / verdict.runtime_ms
+    else:
+        verdict.reason += "; speed not measured (no GPU)"
+    return verdict
+
+
+def guard_observations(observations: dict[str, Any], ref_ops: dict[str, Any]) -> tuple[str, str] | None:
+    """The dynamic guards on what the candidate's process recorded."""
+    if observations.get("replaced_functions"):
+        return "harness_tampering", f"replaced functions the harness relies on: {', '.join(observations['replaced_functions'])}"
+    if observations.get("precision_changes"):
+        return "precision_downgrade", f"changed precision settings: {'; '.join(observations['precision_changes'])}"
+    if observations.get("failed_launches"):
+        failed = ", ".join(observations["failed_launches"])
+        return "exception_fallback", f"custom kernel call(s) {failed} raised and forward still returned: the candidate fell back to another path"
+    launches = observations.get("launches_per_case", [])
+    if not launches or sum(launches) == 0:
+        return "no_custom_kernel", "no custom kernel ran during forward (a kernel defined but never launched, or a PyTorch fallback)"
+    if 0 in launches:
+        return "conditional_fallback", f"no custom kernel ran on trial {launches.index(0) + 1}: forward switches to another path"
+    covered = _pytorch_covers_reference(observations.get("compute_ops", {}), ref_ops)
+    if covered:
+        return "pytorch_fallback", f"PyTorch itself runs the reference's work ({', '.join(covered)}): the custom kernels only move data"
+    return None
+
+
+def _pytorch_covers_reference(cand_ops: dict[str, Any], ref_ops: dict[str, Any]) -> list[str]:
+    """The reference's compute ops if the candidate runs every one of them on at least half as
+    much data as the reference does; else empty."""
+    if not ref_ops:
+        return []
+    for op, ref in ref_ops.items():
+        cand = cand_ops.get(op)
+        if cand is None or cand["elements"] < FALLBACK_WORK_SHARE * ref["elements"]:
+            return []
+    return sorted(ref_ops)
+
+
+def compare(output: Any, expected: Any, tolerance: Tolerance) -> tuple[bool, str, float]:
+    """(ok, why not, max abs error) for one trial's output against the reference's."""
+    outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
+    if len(outs) != len(refs):
+        return False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf
+    if not refs:
+        return False, "the reference returned no tensor to compare", math.inf
+    worst = 0.0
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        label = f"output {i}" if len(refs) > 1 else "output"
+        if out.shape != ref.shape:
+            return False, f"{label} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}", math.inf
+        if out.dtype != ref.dtype:
+            return False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf
+        ok, why, error = _compare_tensor(out, ref, tolerance)
+        worst = max(worst, error)
+        if not ok:
+            return False, f"{label}: {why}", worst
+    return True, "", worst
+
+
+def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) -> tuple[bool, str, float]:
+    if not (ref.is_floating_point() or ref.is_complex()):
+        equal = torch.equal(out, ref)
+        return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf
+    out64, ref64 = out.double(), ref.double()
+    ref_finite = torch.isfinite(ref64)
+    if not torch.equal(torch.isfinite(out64), ref_finite) or not torch.equal(torch.isnan(out64), torch.isnan(ref64)):
+        return False, "NaN/Inf where the reference has none (or the reverse)", math.inf
+    if out64.numel() == 0:
+        return True, "", 0.0
+    diff = (out64 - ref64)[ref_finite].abs()
+    error = float(diff.max()) if diff.numel() else 0.0
+    atol, rtol = tolerance.for_dtype(ref.dtype)
+    if not torch.allclose(out64, ref64, atol=atol, rtol=rtol, equal_nan=True):
+        bad = int((~torch.isclose(out64, ref64, atol=atol, rtol=rtol, equal_nan=True)).sum())
+        return False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error
+    ok, why = _reproduces_structure(out64[ref_finite], ref64[ref_finite], atol, rtol, ref.dtype)
+    return ok, why, error
+
+
+def _reproduces_structure(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, dtype: torch.dtype) -> tuple[bool, str]:
+    """Where the tolerance cannot tell the reference from a constant (tiny or near-constant
+    outputs), require the output's variation to match the reference's."""
+    if ref.numel() < 2:
+        return True, ""
+    constant = torch.full_like(ref, float(ref.mean()))
+    if not (torch.allclose(constant, ref, atol=atol, rtol=rtol) or torch.allclose(torch.zeros_like(ref), ref, atol=atol, rtol=rtol)):
+        return True, ""
+    ref_var = ref - ref.mean()
+    noise = NOISE_ULPS * torch.finfo(dtype).eps * float(ref.norm())
+    if float(ref_var.norm()) <= noise:
+        return True, ""  # the reference's own variation is rounding noise: a constant is as right as anything
+    structure_error = float(((out - out.mean()) - ref_var).norm() / ref_var.norm())
+    if structure_error > STRUCTURE_TOLERANCE:
+        return False, (f"passes allclose only because the reference output is tiny or near-constant; the output's variation "
+                       f"differs from the reference's by {structure_error:.1%} (degenerate output)")
+    return True, ""
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
