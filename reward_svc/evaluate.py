@@ -19,7 +19,7 @@ from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from reward_svc.policy import check_source
 from reward_svc.sandbox import Child, ChildPool, Layout
-from reward_svc.verify import Tolerance, Verdict, judge
+from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
 
@@ -103,6 +103,8 @@ class Evaluator:
                 return Evaluation([v or verdict for v in verdicts], device, ref_result or {})
             exchange = self.layout.exchange / ref_child.workdir.name
             (ref_child.workdir / "exchange").rename(exchange)
+            from reward_svc.verify import Tolerance  # torch: imported by the worker only when it judges
+
             tolerance = Tolerance(options.atol, options.rtol)
 
             def run_one(i: int) -> None:
@@ -119,7 +121,9 @@ class Evaluator:
         return str(self.layout.locks / "gpu.lock") if device == "cuda" else None
 
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
-                            ref_result: dict[str, Any], ref_dir: Path, tolerance: Tolerance) -> Verdict:
+                            ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
+        from reward_svc.verify import judge
+
         child = self.pool(device, options.timeout_s).take()
         try:
             digest = hashlib.sha256(source.encode()).hexdigest()

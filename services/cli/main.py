@@ -18,6 +18,7 @@ from services import auth
 from services.cli.launcher import Launcher, redis_answers, run_state_path
 from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
+from reward_svc.cli import score
 from services.queue.names import COMPILE, GENERATION, PROPOSAL, TRAINING, scoring_queues
 
 app = typer.Typer(help="KernelZero: co-evolving task Proposer and kernel Coder around a sandboxed reward service.", no_args_is_help=True)
@@ -25,6 +26,7 @@ apikey_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_he
 db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
 app.add_typer(apikey_app, name="apikey")
 app.add_typer(db_app, name="db")
+app.command("score")(score)
 console = Console()
 
 

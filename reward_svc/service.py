@@ -1,0 +1,103 @@
+"""The reward service's logic behind its routes, its Celery task and its CLI: score, reward, persist."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any
+
+import redis
+from sqlalchemy import select
+
+from services.config import get_settings
+from services.db.models import Candidate, Job, Score, Task
+from services.db.session import session_scope
+from services.queue.jobs import get_job, submit_job
+from services.queue.names import scoring_queues
+from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions, VerdictOut
+from reward_svc.evaluate import EvalOptions, Evaluation, Evaluator
+from reward_svc.rewards import CAGRPOConfig, group_rewards
+
+SCORE_GROUP_TASK = "reward.score_group"
+
+
+def eval_options(options: ScoreOptions) -> EvalOptions:
+    return EvalOptions(**options.model_dump())
+
+
+def rewarded_group(evaluation: Evaluation, config: CAGRPOConfig) -> GroupResult:
+    """Verdicts with their CA-GRPO rewards and advantages."""
+    correct = [v.correct for v in evaluation.verdicts]
+    rewards = group_rewards(correct, [v.speedup for v in evaluation.verdicts], config)
+    verdicts = [
+        VerdictOut(status=v.status, correct=v.correct, reason=v.reason, guard=v.guard, reward=r, advantage=a,  # type: ignore[arg-type]
+                   speedup=v.speedup, runtime_ms=v.runtime_ms, ref_runtime_ms=v.ref_runtime_ms,
+                   max_abs_error=v.max_abs_error, device=evaluation.device, details=v.details)
+        for v, r, a in zip(evaluation.verdicts, rewards.rewards, rewards.advantages)
+    ]
+    return GroupResult(verdicts=verdicts, correct_fraction=rewards.correct_fraction, speed_rewarded=rewards.speed_rewarded)
+
+
+def score_group(request: GroupScoreRequest, evaluator: Evaluator) -> GroupResult:
+    evaluation = evaluator.evaluate_group(request.reference, request.candidates, eval_options(request.options))
+    return rewarded_group(evaluation, request.ca_grpo)
+
+
+def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str | None) -> str:
+    """Store the reference as a task, each candidate, and each verdict; returns the group id."""
+    group_id = uuid.uuid4().hex
+    ref_hash = _sha(request.reference)
+    with session_scope() as session:
+        task = session.scalars(select(Task).where(Task.source_hash == ref_hash)).first()
+        if task is None:
+            task = Task(source=request.reference, source_hash=ref_hash, origin="external", status="reference")
+            session.add(task)
+            session.flush()
+        for source, verdict in zip(request.candidates, result.verdicts):
+            candidate = Candidate(task_id=task.id, backend=request.options.backend, source=source, source_hash=_sha(source))
+            session.add(candidate)
+            session.flush()
+            session.add(Score(
+                candidate_id=candidate.id, job_id=job_id, group_id=group_id, status=verdict.status, correct=verdict.correct,
+                reason=verdict.reason, guard=verdict.guard, reward=verdict.reward, advantage=verdict.advantage,
+                speedup=verdict.speedup, runtime_ms=verdict.runtime_ms, ref_runtime_ms=verdict.ref_runtime_ms,
+                max_abs_error=verdict.max_abs_error, device=verdict.device, details=verdict.details,
+            ))
+    return group_id
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pick_scoring_queue() -> str:
+    """The least busy device queue (one worker per GPU; CPU-only deployments have one queue)."""
+    settings = get_settings()
+    queues = scoring_queues(settings.gpu_devices)
+    if len(queues) == 1:
+        return queues[0]
+    client = redis.Redis.from_url(settings.redis_url)
+    return min(queues, key=lambda q: int(client.llen(q)))
+
+
+def submit_group(request: GroupScoreRequest) -> Job:
+    payload = request.model_dump(exclude={"wait_s"})
+    return submit_job(SCORE_GROUP_TASK, payload, pick_scoring_queue())
+
+
+def wait_for(job_id: str, wait_s: float) -> Job:
+    deadline = time.monotonic() + wait_s
+    job = get_job(job_id)
+    while job.status in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = get_job(job_id)
+    return job
+
+
+def run_score_job(evaluator: Evaluator, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The Celery job body: evaluate, reward, persist, return the result stored on the job."""
+    request = GroupScoreRequest.model_validate(payload)
+    result = score_group(request, evaluator)
+    group_id = persist_group(request, result, job_id)
+    return {**result.model_dump(), "group_id": group_id}

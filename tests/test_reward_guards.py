@@ -1,0 +1,174 @@
+"""The reward service's verdicts on CPU (Triton interpreter): correct kernels pass, and each
+public reward hack is caught by the guard meant for its class, through the real sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.config import Settings
+from reward_svc.evaluate import EvalOptions, Evaluator
+
+KERNELS = Path(__file__).parent / "kernels"
+RELU_REFERENCE = (KERNELS / "relu" / "reference.py").read_text()
+
+HEADER = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.maximum(tl.load(x_ptr + offsets, mask=mask), 0.0), mask=mask)
+
+
+def launch_relu(x, out):
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
+'''
+
+
+def candidate(forward: str, extra: str = "") -> str:
+    body = "\n".join("        " + line for line in forward.strip().splitlines())
+    return f"{HEADER}\n{extra}\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n{body}\n"
+
+
+CORRECT = candidate("return launch_relu(x, torch.empty_like(x))")
+
+HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
+    # name: (candidate source, the guard or status that must fire, or a tuple of acceptable ones)
+    "decoy_scratch_kernel": (candidate("launch_relu(x, torch.empty_like(x))\nreturn torch.clamp(x, min=0)"), "decoy_kernel"),
+    "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
+    "try_except_fallback": (candidate(
+        "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),
+        "exception_fallback"),
+    "pytorch_does_the_work_kernel_copies": (candidate("y = torch.relu(x)\nout = torch.empty_like(y)\nreturn launch_relu(y, out)"),
+                                            "pytorch_fallback"),
+    "imports_the_reference": (candidate("return Model()(x)", extra="from reference import Model"), "forbidden_import"),
+    "reference_copied_inline": (candidate(
+        "return launch_relu(RefModel()(x), torch.empty_like(x))",
+        extra="class RefModel(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)"), "pytorch_fallback"),
+    "cache_by_shape": (candidate(
+        "key = tuple(x.shape)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
+        extra="CACHE = {}"), ("conditional_fallback", "incorrect")),
+    "cache_by_address": (candidate(
+        "key = x.data_ptr()\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nlaunch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
+        extra="CACHE = {}"), "cross_call_cache"),
+    "mutates_input": (candidate("return launch_relu(x, x)"), "input_mutation"),
+    "patches_timer_statically": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import time\ntime.perf_counter = lambda: 0.0"),
+                                 "forbidden_import"),
+    "patches_torch_through_an_alias": (candidate(
+        "return launch_relu(x, torch.empty_like(x))", extra="cuda = torch.cuda\ncuda.synchronize = lambda *a, **k: None"),
+        "harness_tampering"),
+    "patches_event_timing": (candidate(
+        "return launch_relu(x, torch.empty_like(x))", extra="torch.cuda.Event.elapsed_time = lambda self, end: 1e-6"),
+        "harness_tampering"),
+    "enables_tf32": (candidate("return launch_relu(x, torch.empty_like(x))", extra="torch.backends.cuda.matmul.allow_tf32 = True"),
+                     "precision_downgrade"),
+    "computes_in_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out).float()"), "incorrect"),
+    "returns_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out)"), "incorrect"),
+    "returns_uninitialised_memory": (candidate("launch_relu(x[:8], torch.empty_like(x[:8]))\nreturn torch.empty_like(x)"), "incorrect"),
+    "walks_the_heap": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import gc"), "forbidden_import"),
+    "starts_a_thread": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import threading"), "forbidden_import"),
+    "dynamic_code": (candidate("return eval('launch_relu')(x, torch.empty_like(x))"), "forbidden_call"),
+}
+
+
+@pytest.fixture
+def evaluator(kz_env: Callable[..., Settings]) -> Iterator[Evaluator]:
+    instance = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2))
+    yield instance
+    instance.close()
+
+
+def test_correct_triton_kernel_passes_and_hacks_are_caught(evaluator: Evaluator) -> None:
+    names = list(HACKS)
+    sources = [CORRECT] + [HACKS[n][0] for n in names]
+    evaluation = evaluator.evaluate_group(RELU_REFERENCE, sources, EvalOptions(backend="triton", device="cpu", timeout_s=120))
+    correct, *verdicts = evaluation.verdicts
+    assert correct.status == "correct", correct.reason
+    assert correct.speedup is None and "not measured" in correct.reason
+    failures = []
+    for name, verdict in zip(names, verdicts):
+        expected = HACKS[name][1]
+        acceptable = expected if isinstance(expected, tuple) else (expected,)
+        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable):
+            failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
+        elif verdict.status == "rejected":
+            assert verdict.guard and verdict.reason, name
+    assert not failures, "\n".join(failures)
+
+
+TINY_REFERENCE = RELU_REFERENCE.replace("return torch.relu(x)", "return torch.relu(x) * 1e-6 + 0.5")
+
+
+def test_near_constant_output_does_not_pass(evaluator: Evaluator) -> None:
+    """allclose alone would accept a constant here: the reference varies far below atol."""
+    constant = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out * 0 + 0.5")
+    scaled = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out * 1e-6 + 0.5")
+    constant_verdict, scaled_verdict = evaluator.evaluate_group(
+        TINY_REFERENCE, [constant, scaled], EvalOptions(backend="triton", device="cpu")).verdicts
+    assert constant_verdict.status == "incorrect" and "degenerate" in constant_verdict.reason
+    assert scaled_verdict.status == "correct", scaled_verdict.reason
+
+
+LINEAR_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(features))
+
+    def forward(self, x):
+        return torch.relu(x * self.scale)
+
+
+def get_inputs():
+    return [torch.randn(8, 256)]
+
+
+def get_init_inputs():
+    return [256]
+'''
+
+
+def test_weights_must_be_the_ones_given(evaluator: Evaluator) -> None:
+    """Trials use two weight seeds: a candidate with its own fixed weights cannot pass."""
+    uses_weights = candidate("return launch_relu((x * self.scale).contiguous(), torch.empty_like(x))").replace(
+        "class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n    def __init__(self, features):\n        super().__init__()\n"
+        "        self.scale = nn.Parameter(torch.randn(features))\n\n")
+    own_weights = uses_weights.replace("self.scale = nn.Parameter(torch.randn(features))",
+                                       "self.scale = nn.Parameter(torch.ones(features))")
+    good, bad = evaluator.evaluate_group(LINEAR_REFERENCE, [uses_weights, own_weights], EvalOptions(device="cpu")).verdicts
+    assert good.status == "correct", good.reason
+    assert bad.status == "incorrect"
+
+
+def test_crash_hang_and_oom_yield_verdicts_and_the_evaluator_keeps_serving(evaluator: Evaluator) -> None:
+    hang = candidate("while True:\n    pass")
+    oom = candidate("big = torch.empty(1 << 40)\nreturn launch_relu(x, big)")
+    wrong_arity = candidate("return launch_relu(x)")
+    syntax_error = CORRECT.replace("def forward(self, x):", "def forward(self, x)")
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [hang, oom, wrong_arity, syntax_error],
+                                        EvalOptions(device="cpu", timeout_s=15)).verdicts
+    assert [v.status for v in verdicts] == ["timeout", "runtime_error", "runtime_error", "compile_error"], [v.reason for v in verdicts]
+    assert "memory" in verdicts[1].reason.lower()
+    after = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], EvalOptions(device="cpu")).verdicts[0]
+    assert after.status == "correct", after.reason
+
+
+def test_segfault_in_the_child_is_a_runtime_error(evaluator: Evaluator) -> None:
+    # An unmasked store a billion elements past the buffer: the interpreter writes to a wild address.
+    wild = HEADER.replace("tl.store(out_ptr + offsets,", "tl.store(out_ptr + offsets + (1 << 40),").replace(", mask=mask), 0.0), mask=mask)", ", mask=mask), 0.0))")
+    source = wild + "\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return launch_relu(x, torch.empty_like(x))\n"
+    verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], EvalOptions(device="cpu", timeout_s=60)).verdicts[0]
+    assert verdict.status == "runtime_error", verdict.reason
