@@ -41,6 +41,7 @@ from services.queue.app import producer
 TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_LOCK_KEY = "kernelzero:test-session"
+TESTS_DIR = Path(__file__).resolve().parent
 REDIS_DB_CANDIDATES = range(15, 7, -1)
 
 
@@ -184,9 +185,13 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
     """Start ``<service>.worker`` as ``kernelzero up`` would; extra KZ_ fields go to its environment."""
     workers: list[WorkerProcess] = []
 
-    def start(service: str = "trainer", ready_timeout_s: float = 60, **fields: object) -> WorkerProcess:
+    def start(service: str = "trainer", app: str | None = None, ready_timeout_s: float = 60, **fields: object) -> WorkerProcess:
+        """``app`` swaps the service's worker module for one under tests/ (e.g. ``worker_apps``)."""
         env = dict(os.environ) | {f"KZ_{k.upper()}": str(v) for k, v in fields.items()}
         command = next(p.command for p in platform_commands(get_settings(), (service,)) if p.name.endswith("worker"))
+        if app is not None:
+            command[command.index("-A") + 1] = app
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         log_path = tmp_path / f"{service}-worker-{len(workers)}.log"
         with log_path.open("wb") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

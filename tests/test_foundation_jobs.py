@@ -25,6 +25,7 @@ from services.queue.jobs import get_job, submit_job
 from services.queue.names import TRAINING, probe_task_name
 
 PROBE = probe_task_name("trainer")
+STUBBORN = "test.stubborn"  # tests/worker_apps.py
 
 
 def wait_for(job_id: str, statuses: tuple[str, ...], timeout_s: float = 30, poll_s: float = 0.05) -> Job:
@@ -117,6 +118,20 @@ def test_job_whose_worker_always_dies_is_reported_failed(platform_env: Callable[
     assert failed.attempts == 2 and failed.result is None
     assert failed.error == "gave up after 1 attempts: its worker died each time"
     assert failed.finished_at is not None
+
+
+def test_time_limits_end_a_job_as_failed(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:
+    """The soft limit interrupts a job; the hard limit kills one that ignores it. Both end failed."""
+    start_worker("trainer", app="worker_apps", task_soft_time_limit_s=1, task_hard_time_limit_s=2, visibility_timeout_s=60)
+    interrupted = submit_job(PROBE, {"token": "slow", "sleep_s": 30}, TRAINING)
+    stubborn = submit_job(STUBBORN, {"seconds": 30}, TRAINING)
+
+    soft = wait_for(interrupted.id, ("succeeded", "failed"))
+    assert (soft.status, soft.attempts) == ("failed", 1)
+    assert soft.error is not None and soft.error.startswith("SoftTimeLimitExceeded")
+    hard = wait_for(stubborn.id, ("succeeded", "failed"))
+    assert (hard.status, hard.attempts) == ("failed", 1)
+    assert hard.error is not None and hard.error.startswith("TimeLimitExceeded")
 
 
 def test_submission_that_cannot_be_enqueued_leaves_no_orphan(platform_env: Callable[..., Settings], free_port: Callable[[], int]) -> None:

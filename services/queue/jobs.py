@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import structlog
-from celery import Celery
+from celery import Celery, Task
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -131,10 +131,23 @@ def run_job(job_id: str, work: JobFunction) -> None:
         structlog.contextvars.unbind_contextvars("job_id")
 
 
+class JobTask(Task):
+    """Base of every job task: records failures that happen outside ``run_job``'s own handling.
+
+    The hard time limit kills the job's child process, so ``run_job`` never reports it; Celery
+    calls ``on_failure`` in the worker's main process and acknowledges the message. Without this
+    the job would stay "running" forever.
+    """
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        if _finish(task_id, "failed", None, f"{type(exc).__name__}: {exc}"):
+            log.error("job.failed", job_id=task_id, error=f"{type(exc).__name__}: {exc}")
+
+
 def register_job_task(app: Celery, kind: str, work: JobFunction) -> None:
     """Register ``work`` as the Celery task named ``kind``; it receives (job_id, payload)."""
 
-    @app.task(name=kind, bind=False)
+    @app.task(name=kind, bind=False, base=JobTask)
     def _task(job_id: str) -> None:
         run_job(job_id, work)
 
