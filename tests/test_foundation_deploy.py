@@ -1,0 +1,136 @@
+"""The deployment files agree with the code: compose, Kubernetes, README, setup and CI scripts.
+
+No Docker engine or cluster here, so these parse the files and check what drifts silently: module
+paths, queue names, ports, KZ_ variable names, the settings table, the CI test command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.cli.launcher import SERVICE_PACKAGES
+from services.config import SERVICE_NAMES, Settings
+from services.queue.names import service_queues
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+SETTING_VARS = {f"KZ_{name.upper()}" for name in Settings.model_fields}
+DEFAULT_PORTS = {s: Settings.model_fields[f"{s}_port"].default for s in SERVICE_NAMES}
+
+
+def option(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def check_api_command(command: list[str], service: str) -> None:
+    module, attr = command[command.index("uvicorn") + 1].split(":")
+    assert (module, attr) == (f"{SERVICE_PACKAGES[service]}.api", "app")
+    assert importlib.util.find_spec(module) is not None
+    assert int(option(command, "--port")) == DEFAULT_PORTS[service]
+
+
+def worker_queues(command: list[str], service: str) -> list[str]:
+    module = option(command, "-A")
+    assert module == f"{SERVICE_PACKAGES[service]}.worker" and importlib.util.find_spec(module) is not None
+    return option(command, "-Q").split(",")
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    """Every resource under k8s/ (the kustomization is kustomize's file, not a resource)."""
+    paths = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    expected = {"redis", "postgres", "migrate", "reward-gpu-worker"} | {f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")}
+    assert set(services) == expected
+    assert services["migrate"]["command"] == ["kernelzero", "db", "upgrade"]
+    for service in SERVICE_NAMES:
+        api = services[f"{service}-api"]
+        check_api_command(api["command"], service)
+        assert api["ports"] == [f"{DEFAULT_PORTS[service]}:{DEFAULT_PORTS[service]}"]
+        assert api["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+        assert f":{DEFAULT_PORTS[service]}/readyz" in " ".join(api["healthcheck"]["test"])
+        queues = worker_queues(services[f"{service}-worker"]["command"], service)
+        assert queues == service_queues(service, []), service
+    gpu = services["reward-gpu-worker"]
+    assert worker_queues(gpu["command"], "reward") == service_queues("reward", [0])[1:]
+    assert option(gpu["command"], "-c") == "1"
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    for name, service in services.items():
+        assert set(service.get("environment", {})) - {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= SETTING_VARS, name
+
+
+def test_kubernetes_manifests_are_complete_and_consistent() -> None:
+    docs = k8s_documents()
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for doc in docs:
+        assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "kernelzero", doc["metadata"]["name"]
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    assert set(by_kind["Namespace"]) == {"kernelzero"}
+    assert set(by_kind["ConfigMap"]["kernelzero-config"]["data"]) <= SETTING_VARS
+    assert set(by_kind["Secret"]["kernelzero-secrets"]["stringData"]) <= SETTING_VARS
+    migrate = by_kind["Job"]["kernelzero-migrate"]["spec"]["template"]["spec"]["containers"][0]
+    assert migrate["command"] == ["kernelzero", "db", "upgrade"]
+
+    deployments = by_kind["Deployment"]
+    for service in SERVICE_NAMES:
+        api = deployments[f"{service}-api"]["spec"]
+        assert api["selector"]["matchLabels"] == api["template"]["metadata"]["labels"]
+        container = api["template"]["spec"]["containers"][0]
+        check_api_command(container["command"], service)
+        assert container["ports"] == [{"name": "http", "containerPort": DEFAULT_PORTS[service]}]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        svc = by_kind["Service"][f"{service}-api"]["spec"]
+        assert svc["selector"] == api["selector"]["matchLabels"]
+        assert svc["ports"][0]["targetPort"] == "http"
+        worker = deployments[f"{service}-worker"]["spec"]["template"]["spec"]["containers"][0]
+        assert worker_queues(worker["command"], service) == service_queues(service, [])
+    gpu = deployments["reward-gpu-worker"]["spec"]["template"]["spec"]["containers"][0]
+    assert worker_queues(gpu["command"], "reward") == ["score.gpu0"]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def readme_quickstart() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.S)
+    assert block is not None, "README's quickstart has no code block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_readme_quickstart_is_two_commands_and_ci_runs_the_second() -> None:
+    setup_and_up, run_tests = readme_quickstart()
+    assert setup_and_up == "./scripts/setup.sh && .venv/bin/kernelzero up"
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert any(line == run_tests or line.startswith(run_tests + " ") for line in ci_lines), run_tests
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| `(KZ_[A-Z0-9_]+)` \|", readme, re.M))
+    assert documented == SETTING_VARS
+
+
+@pytest.mark.parametrize("script", ["scripts/setup.sh", ".ci/run"])
+def test_scripts_are_executable_bash(script: str) -> None:
+    path = ROOT / script
+    assert os.access(path, os.X_OK)
+    assert path.read_text().startswith("#!/usr/bin/env bash\n")
+    check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
