@@ -1,0 +1,117 @@
+"""The reward API end to end: real uvicorn, real Celery worker, real Redis, SQLite; and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from services.config import Settings
+from services.db.models import Score
+from services.db.session import session_scope
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
+
+WRONG = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out + 1.0")
+
+
+@pytest.fixture
+def reward_api(platform_env: Callable[..., Settings], start_worker, free_port) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    settings = platform_env(auth_enabled="false", reward_warm_children=1)
+    start_worker("reward")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "reward_svc.api:app", "--port", str(port)],
+                              env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield url
+    server.terminate()
+    server.wait(10)
+    assert settings.auth_enabled is False
+
+
+def test_group_endpoint_rewards_and_persists(reward_api: str) -> None:
+    body = {"reference": RELU_REFERENCE, "candidates": [CORRECT, WRONG, HACKS["kernel_never_launched"][0]],
+            "options": {"device": "cpu"}, "wait_s": 120}
+    response = httpx.post(f"{reward_api}/v1/score/group", json=body, timeout=150)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["job_status"] == "succeeded"
+    verdicts = data["result"]["verdicts"]
+    assert [v["status"] for v in verdicts] == ["correct", "incorrect", "rejected"]
+    assert verdicts[2]["guard"] == "no_custom_kernel"
+    # ρ = 1/3 < 0.5: correctness only; advantages by hand.
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
+    assert [v["reward"] for v in verdicts] == [1.0, 0.0, 0.0]
+    assert [v["advantage"] for v in verdicts] == pytest.approx([(2 / 3) / std, -(1 / 3) / std, -(1 / 3) / std], rel=1e-5)
+    with session_scope() as session:
+        scores = list(session.scalars(select(Score).where(Score.job_id == data["job_id"])))
+    assert sorted(s.status for s in scores) == ["correct", "incorrect", "rejected"]
+    assert all(s.reason for s in scores)
+
+    again = httpx.post(f"{reward_api}/v1/score/group", json=body, timeout=30).json()
+    assert again["job_id"] == data["job_id"]  # idempotent: same input, same job, no second evaluation
+    with session_scope() as session:
+        assert len(list(session.scalars(select(Score).where(Score.job_id == data["job_id"])))) == 3
+
+
+def test_concurrent_submissions_and_job_polling(reward_api: str) -> None:
+    bodies = [{"reference": RELU_REFERENCE, "candidate": source, "options": {"device": "cpu"}, "wait_s": 0}
+              for source in (CORRECT, WRONG, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))]
+    with ThreadPoolExecutor(3) as pool:
+        submitted = list(pool.map(lambda b: httpx.post(f"{reward_api}/v1/score", json=b, timeout=30), bodies))
+    assert all(r.status_code == 202 for r in submitted), [r.text for r in submitted]
+    job_ids = {r.json()["job_id"] for r in submitted}
+    assert len(job_ids) == 3
+    statuses = {}
+    deadline = time.monotonic() + 240
+    while len(statuses) < 3 and time.monotonic() < deadline:
+        for job_id in job_ids - statuses.keys():
+            job = httpx.get(f"{reward_api}/v1/jobs/{job_id}", timeout=10).json()
+            if job["status"] in ("succeeded", "failed"):
+                statuses[job_id] = job["result"]["verdicts"][0]["status"]
+        time.sleep(0.5)
+    assert sorted(statuses.values()) == ["correct", "correct", "incorrect"]
+
+
+def test_malformed_request_gets_a_clear_4xx(reward_api: str) -> None:
+    response = httpx.post(f"{reward_api}/v1/score/group", json={"reference": RELU_REFERENCE, "candidates": []}, timeout=10)
+    assert response.status_code == 422
+    assert "candidates" in response.text
+    response = httpx.get(f"{reward_api}/v1/jobs/nope", timeout=10)
+    assert response.status_code == 404 and "nope" in response.json()["detail"]
+
+
+def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    kz_env()
+    reference = tmp_path / "reference.py"
+    reference.write_text(RELU_REFERENCE)
+    kernelzero = Path(sys.executable).with_name("kernelzero")
+    outputs = {}
+    for name, source in {"correct": CORRECT, "decoy": HACKS["decoy_scratch_kernel"][0]}.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        run = subprocess.run([str(kernelzero), "score", "--reference", str(reference), "--candidate", str(path),
+                              "--backend", "triton", "--device", "cpu", "--json"], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        outputs[name] = json.loads(run.stdout)
+    assert outputs["correct"]["status"] == "correct" and outputs["correct"]["correct"] is True
+    assert outputs["correct"]["speedup"] is None and outputs["correct"]["reward"] == 1.0
+    assert outputs["decoy"]["status"] == "rejected" and outputs["decoy"]["guard"] == "decoy_kernel"
+    for key in ("status", "correct", "reason", "reward", "speedup", "runtime_ms", "ref_runtime_ms", "max_abs_error"):
+        assert key in outputs["decoy"]

@@ -1,0 +1,52 @@
+"""CA-GRPO on hand-computed groups (DESIGN.md §1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reward_svc.rewards import CAGRPOConfig, group_rewards
+
+
+def test_below_threshold_rewards_correctness_only() -> None:
+    # 1 of 3 correct (ρ = 1/3 < 0.5): speed is ignored even though it was measured.
+    result = group_rewards([True, False, False], [4.0, None, None])
+    assert result.rewards == [1.0, 0.0, 0.0]
+    assert not result.speed_rewarded
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
+    assert result.advantages == pytest.approx([(2 / 3) / std, -(1 / 3) / std, -(1 / 3) / std], rel=1e-5)
+
+
+def test_at_threshold_fast_correct_kernels_earn_more() -> None:
+    # 2 of 4 correct (ρ = 0.5): log-speedup clipped to ±1, λ = 0.5.
+    result = group_rewards([True, True, False, False], [math.e ** 0.5, 0.5, None, None])
+    assert result.speed_rewarded
+    assert result.rewards == pytest.approx([1 + 0.5 * 0.5, 1 + 0.5 * math.log(0.5), 0.0, 0.0])
+    mean = sum(result.rewards) / 4
+    std = math.sqrt(sum((r - mean) ** 2 for r in result.rewards) / 4)
+    assert result.advantages == pytest.approx([(r - mean) / (std + 1e-6) for r in result.rewards])
+
+
+def test_speedup_is_clipped() -> None:
+    result = group_rewards([True], [100.0], CAGRPOConfig(speed_weight=1.0, log_clip=1.0))
+    assert result.rewards == [2.0]
+    assert result.advantages == [0.0]
+
+
+def test_rank_speed_score() -> None:
+    result = group_rewards([True, True, True, False], [1.0, 3.0, 2.0, None], CAGRPOConfig(speed_score="rank", speed_weight=1.0))
+    assert result.rewards == [1.0, 2.0, 1.5, 0.0]
+
+
+def test_unmeasured_speed_gives_no_speed_score() -> None:
+    result = group_rewards([True, True], [None, None])
+    assert result.rewards == [1.0, 1.0]
+    assert result.advantages == [0.0, 0.0]
+
+
+def test_threshold_is_configurable() -> None:
+    never = group_rewards([True, True, False], [2.0, 1.0, None], CAGRPOConfig(threshold=1.0))
+    assert never.rewards == [1.0, 1.0, 0.0]
+    always = group_rewards([True, False, False, False], [2.0, None, None, None], CAGRPOConfig(threshold=0.0, speed_weight=1.0))
+    assert always.rewards == pytest.approx([1 + math.log(2.0), 0, 0, 0])
