@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlparse
 
 import psutil
@@ -45,7 +46,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 REDIS_DB_CANDIDATES = range(15, 7, -1)
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skip locally; fail under CI, where every server must be up."""
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
@@ -65,11 +66,10 @@ def reset_platform_caches() -> None:
 def kz_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Settings]]:
     """Private settings for one test; call the fixture's value with KZ_ fields to change them.
 
-    Inherited KZ_ variables and a developer's ``.env`` are kept out (the cwd moves to tmp_path).
+    Inherited KZ_ settings and a developer's ``.env`` are kept out (the cwd moves to tmp_path).
     """
-    for name in list(os.environ):
-        if name.startswith("KZ_") and not name.startswith("KZ_TEST_"):
-            monkeypatch.delenv(name)
+    for field in Settings.model_fields:
+        monkeypatch.delenv(f"KZ_{field.upper()}", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KZ_DATA_DIR", str(tmp_path / "data"))
     reset_platform_caches()
