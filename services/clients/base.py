@@ -8,7 +8,7 @@ schema change breaks at the boundary instead of deep inside a caller.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import httpx
 
@@ -80,7 +80,7 @@ class ServiceClient:
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
         )
 
-    def __enter__(self) -> ServiceClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
