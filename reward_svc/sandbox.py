@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,10 @@ class ChildPool:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
         self._warm: collections.deque[Child] = collections.deque()
         self._lock = threading.Lock()
+        # bwrap's --die-with-parent follows the *thread* that started a child: every child is
+        # started from this one long-lived thread, so a warm child outlives the job thread that
+        # asked for it.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kz-child-spawner")
         self.refill()
 
     def policy(self, workdir: Path) -> SandboxPolicy:
@@ -100,6 +105,9 @@ class ChildPool:
         )
 
     def _spawn(self) -> Child:
+        return self._spawner.submit(self._spawn_here).result()
+
+    def _spawn_here(self) -> Child:
         workdir = self.layout.jobs / uuid.uuid4().hex
         workdir.mkdir(parents=True)
         argv = [sys.executable, "-m", "reward_svc.harness.child", str(workdir), self.device]
@@ -126,3 +134,4 @@ class ChildPool:
         with self._lock:
             while self._warm:
                 self._warm.popleft().discard()
+        self._spawner.shutdown(wait=False)

@@ -37,11 +37,9 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
     """Route load_inline through the cached fast path and count calls into what it builds."""
     import torch.utils.cpp_extension as cpp_extension
 
-    try:  # TEMP until compile.py lands
-        from reward_svc.compile import install_fast_load_inline
-        install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
-    except ImportError:
-        pass
+    from reward_svc.compile import install_fast_load_inline
+
+    install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
     fast = cpp_extension.load_inline
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:

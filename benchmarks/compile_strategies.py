@@ -1,0 +1,267 @@
+"""Compile time of a KernelBench-style load_inline kernel under each strategy of reward_svc.compile.
+
+The kernel is the KernelBench example (elementwise add): ``cpp_sources`` holds the declaration,
+``cuda_sources`` starts with ``#include <torch/extension.h>``. Each row compiles one unit
+(``main.cpp`` with the host compiler, ``cuda.cu`` with ``nvcc -c``) at one header tier, so the
+rows say where the time goes; the end-to-end rows go through ``install_fast_load_inline``.
+
+- header tiers (``original``/``light``/``minimal``: see reward_svc/compile.py);
+- torch's default arch flags (compute_90 PTX + sm_90) against our single ``sm_90`` target;
+- a GCC precompiled header for the bindings unit's light headers (what torch's ``use_pch`` does,
+  but in a directory of ours: torch writes its .gch into site-packages, read-only in the sandbox);
+- the two units one after the other against in parallel, then a cache hit.
+
+With ``--gpu`` (on the GPU machine) it also times stock ``load_inline`` and our full path
+(compile + link + import + call, checked against torch), and a cache hit in a fresh process.
+
+Usage: .venv/bin/python benchmarks/compile_strategies.py [--gpu] [--skip-original]
+Writes benchmarks/results/compile_strategies_{cpu,gpu}.json. Each original-tier compile takes
+1-2 minutes on a 2-core machine: run it rarely.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reward_svc import compile as kzc  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NAME = "elementwise_add"
+CUDA_SOURCE = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void elementwise_add_kernel(const float* a, const float* b, float* out, int size) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < size) {
+        out[idx] = a[idx] + b[idx];
+    }
+}
+
+torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b) {
+    auto size = a.numel();
+    auto out = torch::zeros_like(a);
+    const int block_size = 256;
+    const int num_blocks = (size + block_size - 1) / block_size;
+    elementwise_add_kernel<<<num_blocks, block_size>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), size);
+    return out;
+}
+"""
+CPP_SOURCE = "torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b);"
+LOAD_KWARGS: dict[str, Any] = dict(
+    name=NAME, cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE, functions=["elementwise_add_cuda"],
+    verbose=False, extra_cflags=[""], extra_ldflags=[""],
+)
+TORCH_DEFAULT_ARCH = ("-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90")
+
+
+@dataclasses.dataclass
+class Row:
+    group: str
+    variant: str
+    seconds: float
+    ok: bool
+    note: str = ""
+
+
+def request() -> kzc.InlineRequest:
+    return kzc.make_request(NAME, CPP_SOURCE, CUDA_SOURCE, ["elementwise_add_cuda"], [""], None, [""])
+
+
+def unit_rows(toolchain: kzc.Toolchain, tiers: list[str], work: Path) -> list[Row]:
+    """One compile per (unit, tier): where the time goes."""
+    rows = []
+    for tier in tiers:
+        for cuda in (True, False):
+            attempt = kzc.compile_unit(request(), toolchain, tier, work, cuda=cuda)
+            unit = "cuda.cu (nvcc -c)" if cuda else "main.cpp (c++ -c)"
+            rows.append(Row(unit, f"tier {tier}", attempt.seconds, attempt.ok, attempt.stderr[-200:] if not attempt.ok else ""))
+    return rows
+
+
+def arch_row(toolchain: kzc.Toolchain, work: Path) -> Row:
+    """The minimal .cu with torch's default 9.0+PTX flags, to set against our single target."""
+    torch_arch = dataclasses.replace(toolchain, arch_flags=TORCH_DEFAULT_ARCH)
+    attempt = kzc.compile_unit(request(), torch_arch, "minimal", work, cuda=True)
+    return Row("cuda.cu (nvcc -c)", "tier minimal, torch arch flags (sm_90 + PTX)", attempt.seconds, attempt.ok)
+
+
+def pch_rows(toolchain: kzc.Toolchain, work: Path) -> list[Row]:
+    """GCC PCH of the light bindings prelude: build once, then compile main.cpp against it."""
+    req = request()
+    pch_dir = work / "pch"
+    pch_dir.mkdir()
+    _, header = kzc.unit_source(req, toolchain, "light", cuda=False)
+    (pch_dir / "kz_bindings.h").write_text(header or "")
+    flags = kzc.cpp_flags(req, toolchain)
+    started = time.perf_counter()
+    made = subprocess.run([toolchain.cxx, *flags, "-x", "c++-header", str(pch_dir / "kz_bindings.h"), "-o", str(pch_dir / "kz_bindings.h.gch")], capture_output=True, text=True)
+    built = time.perf_counter() - started
+    size_mb = (pch_dir / "kz_bindings.h.gch").stat().st_size / 2**20 if made.returncode == 0 else 0.0
+    main = work / "pch_main.cpp"
+    main.write_text(kzc.cpp_unit(req, "light"))
+    started = time.perf_counter()
+    used = subprocess.run([toolchain.cxx, *flags, "-Winvalid-pch", "-H", f"-I{pch_dir}", "-c", str(main), "-o", str(work / "pch_main.o")], capture_output=True, text=True)
+    used_s = time.perf_counter() - started
+    hit = "kz_bindings.h.gch" in used.stderr
+    return [
+        Row("main.cpp (c++ -c)", "PCH build (light prelude, once per flag set)", built, made.returncode == 0, f"{size_mb:.0f} MiB .gch"),
+        Row("main.cpp (c++ -c)", "tier light + PCH", used_s, used.returncode == 0 and hit, "PCH used" if hit else "PCH NOT used"),
+    ]
+
+
+def end_to_end_rows(cache: Path, *, compile_only: bool) -> list[Row]:
+    """Through the drop-in: a miss with the two units serial, a miss in parallel, then a hit."""
+    rows = []
+    builder = kzc.Builder(cache / "serial", compile_only=compile_only)
+    serial = dataclasses.replace(kzc.choose_plan(request(), builder.toolchain), parallel=False)
+    builder.load(request(), serial)
+    entry = builder.log.entries[-1]
+    rows.append(Row("end to end", "miss, units one after the other", entry.seconds, entry.ok, entry.strategy))
+    log = kzc.install_fast_load_inline(cache / "parallel", compile_only=compile_only)
+    from torch.utils.cpp_extension import load_inline
+
+    module = load_inline(**LOAD_KWARGS)
+    rows.append(Row("end to end", "miss, default plan (parallel)", log.entries[-1].seconds, log.entries[-1].ok, log.entries[-1].strategy))
+    if not compile_only:
+        rows.append(call_row(module))
+    load_inline(**LOAD_KWARGS)
+    rows.append(Row("end to end", "hit, same process", log.entries[-1].seconds, log.entries[-1].cache_hit))
+    rows.append(fresh_process_hit_row(cache / "parallel", compile_only=compile_only))
+    return rows
+
+
+def call_row(module: Any) -> Row:
+    import torch
+
+    a, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    started = time.perf_counter()
+    out = module.elementwise_add_cuda(a, b)
+    torch.cuda.synchronize()
+    ok = bool(torch.allclose(out, a + b))
+    return Row("end to end", "first call, checked against a + b", time.perf_counter() - started, ok)
+
+
+def fresh_process_hit_row(cache: Path, *, compile_only: bool) -> Row:
+    """A hit as the sandboxed child sees it: new process, torch imported, CUDA initialised."""
+    script = (
+        "import json, sys, time, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from reward_svc.compile import install_fast_load_inline\n"
+        f"{'' if compile_only else 'torch.cuda.init()'}\n"
+        f"log = install_fast_load_inline({str(cache)!r}, compile_only={compile_only})\n"
+        "from torch.utils.cpp_extension import load_inline\n"
+        f"load_inline(**{LOAD_KWARGS!r})\n"
+        "e = log.entries[-1]\n"
+        "print(json.dumps([e.seconds, e.cache_hit]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if out.returncode != 0:
+        return Row("end to end", "hit, fresh process", 0.0, False, out.stderr[-200:])
+    seconds, hit = json.loads(out.stdout.strip().splitlines()[-1])
+    return Row("end to end", "hit, fresh process (load_inline call only)", seconds, hit)
+
+
+def stock_row(work: Path) -> Row:
+    """Stock torch load_inline, fresh build directory: the 50 s this module exists to avoid."""
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    build_dir = work / "stock"
+    build_dir.mkdir()
+    started = time.perf_counter()
+    module = load_inline(**{**LOAD_KWARGS, "build_directory": str(build_dir)})
+    a = torch.randn(1024, device="cuda")
+    ok = bool(torch.allclose(module.elementwise_add_cuda(a, a), a + a))
+    return Row("end to end", "stock torch load_inline (compile+link+load+call)", time.perf_counter() - started, ok)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    toolchain = kzc.detect_toolchain(Path(tempfile.gettempdir()), compile_only=True, arch=None)
+    info = {
+        "hostname": socket.gethostname(),
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "load_average_at_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cxx": toolchain.cxx_version,
+        "nvcc": toolchain.nvcc_version,
+        "cuda_library_headers": "stubbed (compile-only)" if toolchain.stub_include else "toolkit",
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def show(rows: list[Row]) -> None:
+    table = Table(title="load_inline compile strategies (seconds, wall)")
+    for column in ("what", "variant", "seconds", "ok", "note"):
+        table.add_column(column, justify="right" if column == "seconds" else "left")
+    for row in rows:
+        table.add_row(row.group, row.variant, f"{row.seconds:.2f}", "yes" if row.ok else "NO", row.note)
+    Console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="also link, load and call, and time stock load_inline")
+    parser.add_argument("--skip-original", action="store_true", help="skip the slow original-tier unit compiles")
+    args = parser.parse_args()
+    info = machine()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="kz-compile-bench-") as tmp:
+        work = Path(tmp)
+        toolchain = kzc.Builder(work / "probe", compile_only=not args.gpu).toolchain
+        tiers = ["minimal", "light"] + ([] if args.skip_original else ["original"])
+        rows += unit_rows(toolchain, tiers, work)
+        rows.append(arch_row(toolchain, work))
+        rows += pch_rows(toolchain, work)
+        if args.gpu:
+            rows.append(stock_row(work))
+        rows += end_to_end_rows(work / "cache", compile_only=not args.gpu)
+    show(rows)
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": info,
+        "load_average_at_end": os.getloadavg(),
+        "kernel": "KernelBench elementwise_add (torch/extension.h in cuda_sources)",
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"compile_strategies_{'gpu' if args.gpu else 'cpu'}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

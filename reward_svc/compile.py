@@ -1,0 +1,783 @@
+"""A fast, content-addressed drop-in for ``torch.utils.cpp_extension.load_inline``.
+
+KernelBench CUDA candidates call ``load_inline`` at import time. Stock ``load_inline`` spends
+almost all of its ~50 s parsing torch headers: the candidate's ``#include <torch/extension.h>``
+pulls the whole C++ frontend (nn, optim, data, pybind) into a ``.cu`` that nvcc parses three
+times over (cudafe++, cicc, then the host compiler), and its ninja build lives in a per-name
+directory that is neither shared across processes nor keyed on content.
+
+This module is imported inside the sandboxed child, before the candidate, and
+:func:`install_fast_load_inline` swaps ``load_inline`` for one that
+
+- keys every build on a hash of everything that changes the binary (sources, bindings, flags,
+  torch / Python / compiler versions, target arch) and keeps it in ``cache_dir/<hash>/``; a hit
+  imports the ``.so`` directly, with no ninja and no compiler;
+- compiles a miss with the lightest header set that still compiles, falling back to the
+  candidate's own headers when the light one fails (correctness first):
+
+  ``minimal``   ``ATen/core/Tensor.h`` + ``ATen/Dispatch.h`` + the per-operator headers
+                (``ATen/ops/<name>.h``) of the names the source uses + torch's own
+                ``namespace torch`` aliases; no ``ATen/Functions.h``, no autograd, no frontend;
+  ``light``     ``torch/types.h`` (what ``load_inline`` itself prepends to every ``.cu``) in
+                place of ``torch/extension.h``; for the bindings unit plus torch's pybind
+                helpers;
+  ``original``  exactly what stock ``load_inline`` compiles.
+
+  Each tier sees a subset of the declarations the next one sees, so a tier that compiles means
+  what the original means; the one known difference (``torch::`` factories of
+  ``variable_factories.h`` resolve to their ``at::`` twins, which differ only in
+  ``requires_grad`` handling and, for ``tensor``/``from_blob``, in overloads) is screened out;
+- compiles the bindings unit (``main.cpp``) and the CUDA unit (``cuda.cu``) in parallel, for the
+  one target arch of the device (no PTX, no multi-arch), then links and imports;
+- publishes atomically (build in a temporary directory, ``rename``), so concurrent processes
+  building the same hash are safe: the first rename wins and the others use its result;
+- with ``compile_only=True`` (no GPU here) compiles both units with ``-c`` only and returns a
+  stand-in module whose functions raise ``RuntimeError('compiled only: no GPU here')``.
+
+nvcc (13.0) has no precompiled headers, and its phases for one ``.cu`` run strictly in sequence
+(cicc needs the module id that cudafe++ writes last), so the header diet is the lever; see
+``benchmarks/compile_strategies.py`` for the measurements.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import types
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Bump when the generated sources, flags or cache layout change: old cache entries then miss.
+STRATEGY_VERSION = "1"
+STDERR_TAIL_CHARS = 4000
+COMPILE_ONLY_MESSAGE = "compiled only: no GPU here"
+DEFAULT_COMPILE_ONLY_ARCH = "sm_90"
+
+TIERS = ("minimal", "light", "original")
+UMBRELLA_HEADERS = ("torch/extension.h", "torch/torch.h", "torch/all.h", "torch/types.h", "ATen/ATen.h")
+_UMBRELLA_INCLUDE = re.compile(
+    r'^[ \t]*#[ \t]*include[ \t]*[<"](' + "|".join(re.escape(h) for h in UMBRELLA_HEADERS) + r')[>"][^\n]*$',
+    re.MULTILINE,
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# Names whose torch:: and at:: meanings differ beyond requires_grad, or that touch autograd or
+# registration: a source using any of them skips the minimal tier.
+_MINIMAL_SCREEN = frozenset({"requires_grad", "tensor", "from_blob", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
+_OPS_HEADER_SUFFIXES = ("_ops", "_native", "_meta", "_dispatch")
+_CUDA_LIBRARY_HEADERS = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h", "cusolver_common.h")
+_CUDA_LIBRARY_MENTION = re.compile(r"cublas|cusparse|cusolver", re.IGNORECASE)
+BINDINGS_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
+
+# Declarations that torch's headers need from the CUDA math libraries, for a compile-only
+# machine whose toolkit lacks them. Calls into those libraries still fail (ToolchainUnavailable).
+_CUDA_LIBRARY_STUBS = {
+    "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\n"
+    "typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n",
+    "cublasLt.h": "#include <cublas_v2.h>\ntypedef struct cublasLtContext* cublasLtHandle_t;\n",
+    "cusparse.h": "typedef struct cusparseContext* cusparseHandle_t;\n"
+    "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n"
+    "const char* cusparseGetErrorString(cusparseStatus_t status);\n",
+    "cusolver_common.h": "typedef enum { CUSOLVER_STATUS_SUCCESS = 0, CUSOLVER_STATUS_INVALID_VALUE = 3 } cusolverStatus_t;\n",
+    "cusolverDn.h": "#include <cusolver_common.h>\ntypedef struct cusolverDnContext* cusolverDnHandle_t;\n",
+}
+
+
+@dataclass
+class CompileEntry:
+    """One ``load_inline`` call, as the verdict reports it."""
+
+    name: str
+    content_hash: str
+    cache_hit: bool
+    seconds: float
+    strategy: str
+    ok: bool
+    stderr_tail: str = ""
+
+
+@dataclass
+class CompileLog:
+    """What happened to every ``load_inline`` call in this process, in call order."""
+
+    entries: list[CompileEntry] = field(default_factory=list)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Plain dicts, for the verdict's JSON."""
+        return [asdict(e) for e in self.entries]
+
+
+class CompileError(RuntimeError):
+    """The candidate's sources do not compile; the message carries the compiler's trimmed stderr."""
+
+    def __init__(self, name: str, stderr_tail: str) -> None:
+        super().__init__(f"load_inline({name!r}) failed to compile:\n{stderr_tail}")
+        self.name = name
+        self.stderr_tail = stderr_tail
+
+
+class ToolchainUnavailable(RuntimeError):
+    """This machine cannot check the source (a CUDA library header is missing): not the candidate's fault."""
+
+
+@dataclass(frozen=True)
+class InlineRequest:
+    """The arguments of one ``load_inline`` call that change the binary, normalised."""
+
+    name: str
+    cpp_sources: tuple[str, ...]
+    cuda_sources: tuple[str, ...]
+    functions: tuple[tuple[str, str], ...] | None
+    extra_cflags: tuple[str, ...] = ()
+    extra_cuda_cflags: tuple[str, ...] = ()
+    extra_ldflags: tuple[str, ...] = ()
+    extra_include_paths: tuple[str, ...] = ()
+    with_cuda: bool = False
+    is_python_module: bool = True
+    with_pytorch_error_handling: bool = True
+    no_implicit_headers: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to build: header tier per unit (tried in order), and whether units compile in parallel."""
+
+    cpp_tiers: tuple[str, ...]
+    cuda_tiers: tuple[str, ...]
+    parallel: bool = True
+
+    def describe(self) -> str:
+        return f"cpp:{'>'.join(self.cpp_tiers)} cu:{'>'.join(self.cuda_tiers)}{' parallel' if self.parallel else ''}"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Facts about this machine that change the compiled artefact (all part of the cache key)."""
+
+    torch_version: str
+    python_version: str
+    cxx: str
+    cxx_version: str
+    nvcc: str | None
+    nvcc_version: str
+    cuda_home: str | None
+    cxx_std: str
+    arch_flags: tuple[str, ...]
+    torch_include: str
+    python_include: str
+    extra_defines: tuple[str, ...]
+    stub_include: str | None
+
+
+# ----------------------------------------------------------------------------- public entry
+
+
+def install_fast_load_inline(cache_dir: Path, *, compile_only: bool = False, arch: str | None = None) -> CompileLog:
+    """Replace ``torch.utils.cpp_extension.load_inline`` in this process; return the log it fills.
+
+    Must run before the candidate imports ``load_inline`` by name. ``arch`` (e.g. ``"sm_90"``)
+    overrides the target; by default it is the current device's, or sm_90 when compile-only.
+    Calling it again replaces the previous installation (and returns a fresh log).
+    """
+    import torch.utils.cpp_extension as cpp_extension
+
+    original = getattr(cpp_extension.load_inline, "_kz_original", cpp_extension.load_inline)
+    builder = Builder(Path(cache_dir), compile_only=compile_only, arch=arch)
+
+    @functools.wraps(original)
+    def load_inline(
+        name: str,
+        cpp_sources: str | Sequence[str],
+        cuda_sources: str | Sequence[str] | None = None,
+        sycl_sources: str | Sequence[str] | None = None,
+        functions: str | Sequence[str] | dict[str, str] | None = None,
+        extra_cflags: Sequence[str] | None = None,
+        extra_cuda_cflags: Sequence[str] | None = None,
+        extra_sycl_cflags: Sequence[str] | None = None,
+        extra_ldflags: Sequence[str] | None = None,
+        extra_include_paths: Sequence[str] | None = None,
+        build_directory: str | None = None,
+        verbose: bool = False,
+        with_cuda: bool | None = None,
+        with_sycl: bool | None = None,
+        is_python_module: bool = True,
+        with_pytorch_error_handling: bool = True,
+        keep_intermediates: bool = True,
+        use_pch: bool = False,
+        no_implicit_headers: bool = False,
+    ) -> Any:
+        if sycl_sources or with_sycl:
+            return original(**_original_kwargs(original, locals()))
+        request = make_request(
+            name, cpp_sources, cuda_sources, functions, extra_cflags, extra_cuda_cflags, extra_ldflags,
+            extra_include_paths, with_cuda, is_python_module, with_pytorch_error_handling, no_implicit_headers,
+        )
+        return builder.load(request)
+
+    load_inline._kz_original = original  # type: ignore[attr-defined]
+    cpp_extension.load_inline = load_inline
+    return builder.log
+
+
+def _original_kwargs(original: Callable[..., Any], call: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments that the installed torch's ``load_inline`` accepts (its signature varies by version)."""
+    accepted = inspect.signature(original).parameters
+    return {k: v for k, v in call.items() if k in accepted}
+
+
+def make_request(
+    name: str,
+    cpp_sources: str | Sequence[str],
+    cuda_sources: str | Sequence[str] | None = None,
+    functions: str | Sequence[str] | dict[str, str] | None = None,
+    extra_cflags: Sequence[str] | None = None,
+    extra_cuda_cflags: Sequence[str] | None = None,
+    extra_ldflags: Sequence[str] | None = None,
+    extra_include_paths: Sequence[str] | None = None,
+    with_cuda: bool | None = None,
+    is_python_module: bool = True,
+    with_pytorch_error_handling: bool = True,
+    no_implicit_headers: bool = False,
+) -> InlineRequest:
+    """Normalise ``load_inline`` arguments the way torch does (str -> list, list of names -> dict).
+
+    Empty flags are dropped (KernelBench passes ``extra_cflags=[""]``): they change nothing, so
+    they must not change the cache key either.
+    """
+    cuda = _as_tuple(cuda_sources)
+    return InlineRequest(
+        name=name,
+        cpp_sources=_as_tuple(cpp_sources),
+        cuda_sources=cuda,
+        functions=_normalise_functions(functions),
+        extra_cflags=_flags(extra_cflags),
+        extra_cuda_cflags=_flags(extra_cuda_cflags),
+        extra_ldflags=_flags(extra_ldflags),
+        extra_include_paths=tuple(os.path.abspath(p) for p in _flags(extra_include_paths)),
+        with_cuda=bool(cuda) if with_cuda is None else bool(with_cuda),
+        is_python_module=is_python_module,
+        with_pytorch_error_handling=with_pytorch_error_handling,
+        no_implicit_headers=no_implicit_headers,
+    )
+
+
+def _as_tuple(sources: str | Sequence[str] | None) -> tuple[str, ...]:
+    if sources is None:
+        return ()
+    return (sources,) if isinstance(sources, str) else tuple(sources)
+
+
+def _flags(flags: Sequence[str] | None) -> tuple[str, ...]:
+    return tuple(f.strip() for f in (flags or ()) if f.strip())
+
+
+def _normalise_functions(functions: str | Sequence[str] | dict[str, str] | None) -> tuple[tuple[str, str], ...] | None:
+    if functions is None:
+        return None
+    if isinstance(functions, str):
+        functions = [functions]
+    if isinstance(functions, dict):
+        return tuple((k, v) for k, v in functions.items())
+    if isinstance(functions, (list, tuple)):
+        return tuple((f, f) for f in functions)
+    raise ValueError(f"Expected 'functions' to be a list or dict, but was {type(functions)}")
+
+
+# ----------------------------------------------------------------------------- the builder
+
+
+class Builder:
+    """Builds (or finds) one ``load_inline`` request; owns the cache directory and the log."""
+
+    def __init__(self, cache_dir: Path, *, compile_only: bool = False, arch: str | None = None) -> None:
+        self.cache_dir = cache_dir
+        self.compile_only = compile_only
+        self.arch = arch
+        self.log = CompileLog()
+
+    @functools.cached_property
+    def toolchain(self) -> Toolchain:
+        # Lazy: probing compilers and the device costs ~0.1 s, paid at the first load_inline only.
+        return detect_toolchain(self.cache_dir, compile_only=self.compile_only, arch=self.arch)
+
+    def content_hash(self, request: InlineRequest) -> str:
+        """The cache key: everything that changes the artefact, and nothing else."""
+        payload = {
+            "strategy": STRATEGY_VERSION,
+            "compile_only": self.compile_only,
+            "request": asdict(request),
+            "toolchain": asdict(self.toolchain),
+        }
+        blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:32]
+
+    def load(self, request: InlineRequest, plan: Plan | None = None) -> Any:
+        """Return the built module (or stand-in), building it on a miss; log one entry either way."""
+        start = time.perf_counter()
+        key = self.content_hash(request)
+        entry_dir = self.cache_dir / key
+        meta = _read_meta(entry_dir)
+        cache_hit = meta is not None
+        if meta is None:
+            try:
+                meta = self._build_and_publish(request, key, plan or choose_plan(request, self.toolchain))
+            except ToolchainUnavailable as unavailable:
+                seconds = round(time.perf_counter() - start, 4)
+                self.log.entries.append(CompileEntry(request.name, key, False, seconds, "toolchain unavailable", False, _tail(str(unavailable))))
+                raise
+        entry = CompileEntry(
+            name=request.name,
+            content_hash=key,
+            cache_hit=cache_hit,
+            seconds=0.0,
+            strategy=meta["strategy"],
+            ok=meta["ok"],
+            stderr_tail=meta["stderr_tail"],
+        )
+        self.log.entries.append(entry)
+        try:
+            if not meta["ok"]:
+                raise CompileError(request.name, meta["stderr_tail"])
+            return self._materialise(request, entry_dir)
+        finally:
+            entry.seconds = round(time.perf_counter() - start, 4)
+
+    def _materialise(self, request: InlineRequest, entry_dir: Path) -> Any:
+        if self.compile_only:
+            return CompiledOnlyModule(request.name, [f for f, _ in request.functions or ()])
+        library = entry_dir / f"{request.name}.so"
+        if not request.is_python_module:
+            import torch
+
+            torch.ops.load_library(str(library))
+            return str(library)
+        return import_extension(request.name, library)
+
+    def _build_and_publish(self, request: InlineRequest, key: str, plan: Plan) -> dict[str, Any]:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        work = self.cache_dir / f".build-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        work.mkdir()
+        try:
+            meta = build(request, self.toolchain, plan, work, compile_only=self.compile_only)
+            (work / "meta.json").write_text(json.dumps(meta))
+            return _publish(work, self.cache_dir / key, meta)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _publish(work: Path, target: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Rename the finished build into place; if another process won the race, use its result."""
+    try:
+        os.rename(work, target)
+        return meta
+    except OSError:
+        winner = _read_meta(target)
+        if winner is None:
+            raise
+        return winner
+
+
+def _read_meta(entry_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((entry_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def import_extension(name: str, library: Path) -> types.ModuleType:
+    """Import a built extension by path, as torch does, without touching ``sys.modules``."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class CompiledOnlyModule(types.ModuleType):
+    """Stand-in for an extension that was compiled but cannot be loaded here (no GPU)."""
+
+    def __init__(self, name: str, functions: Sequence[str]) -> None:
+        super().__init__(name)
+        for function in functions:
+            setattr(self, function, _compiled_only_function(function))
+
+    def __getattr__(self, attr: str) -> Callable[..., Any]:
+        # Bindings the candidate declared itself (its own PYBIND11_MODULE) are unknown here.
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _compiled_only_function(attr)
+
+
+def _compiled_only_function(name: str) -> Callable[..., Any]:
+    def not_here(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(COMPILE_ONLY_MESSAGE)
+
+    not_here.__name__ = name
+    return not_here
+
+
+# ----------------------------------------------------------------------------- toolchain
+
+
+def detect_toolchain(cache_dir: Path, *, compile_only: bool, arch: str | None) -> Toolchain:
+    """Probe torch, Python, the host compiler and nvcc once per process."""
+    import torch
+    import torch.utils.cpp_extension as cpp_extension
+
+    cxx = _cxx_compiler(cpp_extension)
+    cuda_home = _cuda_home(cpp_extension)
+    nvcc = _nvcc(cuda_home)
+    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
+    stub_include = None
+    if compile_only and cuda_home and not _has_cuda_library_headers(cuda_home):
+        stub_include = str(_write_cuda_library_stubs(cache_dir))
+    return Toolchain(
+        torch_version=torch.__version__,
+        python_version=sys.version.split()[0],
+        cxx=cxx,
+        cxx_version=_version_line((cxx, "--version"), first=True),
+        nvcc=nvcc,
+        nvcc_version=_version_line((nvcc, "--version"), first=False) if nvcc else "",
+        cuda_home=cuda_home,
+        cxx_std=_torch_cxx_std(cpp_extension),
+        arch_flags=_arch_flags(arch, compile_only),
+        torch_include=torch_include,
+        python_include=sysconfig.get_path("include", scheme="posix_prefix"),
+        extra_defines=_missing_header_defines(torch_include),
+        stub_include=stub_include,
+    )
+
+
+def _cxx_compiler(cpp_extension: types.ModuleType) -> str:
+    get = getattr(cpp_extension, "get_cxx_compiler", None)
+    return get() if get else os.environ.get("CXX", "c++")
+
+
+def _cuda_home(cpp_extension: types.ModuleType) -> str | None:
+    """torch's CUDA_HOME when it has one (CUDA wheels); else the usual places (CPU wheel + nvcc)."""
+    candidates = [
+        getattr(cpp_extension, "CUDA_HOME", None),
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        "/usr/local/cuda",
+    ]
+    for home in candidates:
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return home
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+
+
+def _nvcc(cuda_home: str | None) -> str | None:
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=None)
+def _version_line(cmd: tuple[str, ...], *, first: bool) -> str:
+    """gcc names itself on its first line, nvcc its build on its last."""
+    try:
+        lines = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (lines[0] if first else lines[-1]) if lines else ""
+
+
+def _torch_cxx_std(cpp_extension: types.ModuleType) -> str:
+    """The -std= torch itself uses for extensions (c++17 up to 2.9-ish, c++20 later)."""
+    try:
+        source = inspect.getsource(cpp_extension._write_ninja_file_to_build_library)
+    except (AttributeError, OSError, TypeError):
+        return "c++17"
+    found = re.findall(r"-std=(c\+\+\d+)", source)
+    return found[0] if found else "c++17"
+
+
+def _arch_flags(arch: str | None, compile_only: bool) -> tuple[str, ...]:
+    """One real target, no PTX: the kernel only ever runs on this device."""
+    if arch is None and not compile_only:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}"
+    arch = arch or DEFAULT_COMPILE_ONLY_ARCH
+    number = arch.removeprefix("sm_")
+    return (f"-gencode=arch=compute_{number},code=sm_{number}",)
+
+
+def _missing_header_defines(torch_include: str) -> tuple[str, ...]:
+    # The CPU wheel ships c10/cuda headers but not their CMake-generated config header.
+    generated = os.path.join(torch_include, "c10", "cuda", "impl", "cuda_cmake_macros.h")
+    return () if os.path.exists(generated) else ("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",)
+
+
+def _has_cuda_library_headers(cuda_home: str) -> bool:
+    include_dirs = [os.path.join(cuda_home, "include"), os.path.join(cuda_home, "targets", "x86_64-linux", "include")]
+    return all(any(os.path.exists(os.path.join(d, h)) for d in include_dirs) for h in _CUDA_LIBRARY_HEADERS)
+
+
+def _write_cuda_library_stubs(cache_dir: Path) -> Path:
+    stub_dir = cache_dir / f"_cuda_library_stubs_v{STRATEGY_VERSION}"
+    stub_dir.mkdir(parents=True, exist_ok=True)
+    for header, body in _CUDA_LIBRARY_STUBS.items():
+        path = stub_dir / header
+        if not path.exists():
+            tmp = stub_dir / f".{header}.{uuid.uuid4().hex[:8]}"
+            tmp.write_text(f"#pragma once\n// compile-only stub: this toolkit lacks {header}\n{body}")
+            os.replace(tmp, path)
+    return stub_dir
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def choose_plan(request: InlineRequest, toolchain: Toolchain) -> Plan:
+    """Lightest tier first, then the candidate's own headers; parallel when there are two units."""
+    first = "minimal" if minimal_tier_allowed(request, toolchain) else "light"
+    tiers = (first, "original")
+    return Plan(cpp_tiers=tiers, cuda_tiers=tiers, parallel=bool(request.cuda_sources))
+
+
+def minimal_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
+    """The minimal tier needs torch's alias block and must not meet names it would resolve differently."""
+    names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
+    return torch_namespace_block(toolchain.torch_include) is not None and not names & _MINIMAL_SCREEN
+
+
+def cpp_unit(request: InlineRequest, tier: str) -> str:
+    """``main.cpp`` as stock load_inline writes it, with the umbrella headers swapped for ``tier``."""
+    parts = [] if request.no_implicit_headers else ["#include <torch/extension.h>"]
+    parts += list(request.cpp_sources)
+    if request.functions is not None:
+        parts.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for fname, doc in request.functions:
+            target = f"torch::wrap_pybind_function({fname})" if request.with_pytorch_error_handling else fname
+            parts.append(f'm.def("{fname}", {target}, "{doc}");')
+        parts.append("}")
+    return _swap_umbrellas("\n".join(parts), tier, '#include "kz_bindings.h"')
+
+
+def cuda_unit(request: InlineRequest, tier: str) -> str:
+    """``cuda.cu`` as stock load_inline writes it, with the umbrella headers swapped for ``tier``."""
+    parts = [] if request.no_implicit_headers else ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+    parts += list(request.cuda_sources)
+    return _swap_umbrellas("\n".join(parts), tier, '#include "kz_cuda.h"')
+
+
+def _swap_umbrellas(text: str, tier: str, replacement: str) -> str:
+    """Replace each umbrella include line in place (line numbers in diagnostics stay the same)."""
+    if tier == "original":
+        return text
+    seen = False
+
+    def swap(match: re.Match[str]) -> str:
+        nonlocal seen
+        first, seen = not seen, True
+        return replacement if first else f"// {match.group(0).strip()} (kz: folded into the first include)"
+
+    return _UMBRELLA_INCLUDE.sub(swap, text)
+
+
+def prelude(request: InlineRequest, toolchain: Toolchain, tier: str, *, bindings: bool) -> str:
+    """The header that stands in for the umbrella includes at ``tier``."""
+    lines = ["#pragma once"]
+    if tier == "light":
+        lines.append("#include <torch/types.h>")
+    else:
+        lines += ["#include <optional>", "#include <ATen/core/Tensor.h>", "#include <ATen/Dispatch.h>"]
+        source = "\n".join(request.cpp_sources + request.cuda_sources)
+        lines += [f"#include <ATen/ops/{op}.h>" for op in sorted(_identifiers(source) & aten_ops(toolchain.torch_include))]
+    if bindings:
+        lines += [f"#include <{h}>" for h in BINDINGS_HEADERS]
+    if tier == "minimal":
+        lines.append(torch_namespace_block(toolchain.torch_include) or "")
+    return "\n".join(lines) + "\n"
+
+
+def _identifiers(source: str) -> set[str]:
+    return set(_IDENTIFIER.findall(_COMMENT.sub(" ", source)))
+
+
+@functools.lru_cache(maxsize=4)
+def aten_ops(torch_include: str) -> frozenset[str]:
+    """Operator names with a per-operator header (``ATen/ops/<name>.h``)."""
+    ops_dir = os.path.join(torch_include, "ATen", "ops")
+    names = (f[:-2] for f in os.listdir(ops_dir) if f.endswith(".h")) if os.path.isdir(ops_dir) else ()
+    return frozenset(n for n in names if not n.endswith(_OPS_HEADER_SUFFIXES))
+
+
+@functools.lru_cache(maxsize=4)
+def torch_namespace_block(torch_include: str) -> str | None:
+    """torch/types.h's own ``namespace torch { using namespace at; kFloat32 ... }`` block, verbatim."""
+    path = os.path.join(torch_include, "torch", "csrc", "api", "include", "torch", "types.h")
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    match = re.search(r"^namespace torch \{.*?^\} // namespace torch", text, re.DOTALL | re.MULTILINE)
+    return re.sub(r"\n\s*\n", "\n", _COMMENT.sub("", match.group(0))) if match else None
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+def cpp_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
+    """The host compiler flags stock load_inline uses for ``main.cpp``."""
+    return [*_common_flags(request, toolchain), "-fPIC", f"-std={toolchain.cxx_std}", *request.extra_cflags]
+
+
+def cuda_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
+    """The nvcc flags stock load_inline uses for ``cuda.cu``, but for one target arch."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    user_arch = any("arch" in f for f in request.extra_cuda_cflags)
+    flags = [*_common_flags(request, toolchain), *cpp_extension.COMMON_NVCC_FLAGS]
+    flags += [] if user_arch else list(toolchain.arch_flags)
+    flags += ["--compiler-options", "-fPIC", *request.extra_cuda_cflags]
+    if not any(f.startswith("-std=") for f in flags):
+        flags.append(f"-std={toolchain.cxx_std}")
+    cc = os.environ.get("CC")
+    return ["-ccbin", cc, *flags] if cc else flags
+
+
+def _common_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
+    import torch.utils.cpp_extension as cpp_extension
+
+    system = [toolchain.torch_include, os.path.join(toolchain.torch_include, "torch", "csrc", "api", "include")]
+    if request.with_cuda and toolchain.cuda_home:
+        system.append(os.path.join(toolchain.cuda_home, "include"))
+    system.append(toolchain.python_include)
+    if toolchain.stub_include:
+        system.append(toolchain.stub_include)
+    abi = getattr(cpp_extension, "_get_pybind11_abi_build_flags", lambda: [])()
+    flags = [f"-DTORCH_EXTENSION_NAME={request.name}", "-DTORCH_API_INCLUDE_EXTENSION_H", *abi, *toolchain.extra_defines]
+    flags += [f"-I{p}" for p in request.extra_include_paths]
+    for path in system:
+        flags += ["-isystem", path]
+    return flags
+
+
+def ld_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
+    """The link flags stock load_inline uses (torch libraries, cudart)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    libs = ["-shared", *request.extra_ldflags, f"-L{cpp_extension.TORCH_LIB_PATH}", "-lc10"]
+    libs += ["-lc10_cuda"] if request.with_cuda else []
+    libs += ["-ltorch_cpu"] + (["-ltorch_cuda"] if request.with_cuda else []) + ["-ltorch", "-ltorch_python"]
+    if request.with_cuda and toolchain.cuda_home:
+        lib_dir = "lib64" if os.path.exists(os.path.join(toolchain.cuda_home, "lib64")) else "lib"
+        libs += [f"-L{os.path.join(toolchain.cuda_home, lib_dir)}", "-lcudart"]
+    return libs
+
+
+def build(request: InlineRequest, toolchain: Toolchain, plan: Plan, work: Path, *, compile_only: bool) -> dict[str, Any]:
+    """Compile both units (in parallel when the plan says so), link unless compile-only; return meta.
+
+    The strategy string records every attempt with its seconds, e.g.
+    ``cpp:minimal(6.9s) cu:minimal(9.1s)>original(70.2s) parallel link(0.4s)``.
+    """
+    if request.cuda_sources and not toolchain.nvcc:
+        raise ToolchainUnavailable(f"{request.name}: nvcc not found, cannot compile cuda_sources here")
+    ladders = {"cpp": (plan.cpp_tiers, False)}
+    if request.cuda_sources:
+        ladders["cu"] = (plan.cuda_tiers, True)
+    with ThreadPoolExecutor(max_workers=len(ladders) if plan.parallel else 1) as pool:
+        futures = {u: pool.submit(compile_ladder, request, toolchain, tiers, work, cuda=cuda) for u, (tiers, cuda) in ladders.items()}
+        results = {u: f.result() for u, f in futures.items()}
+    strategy = " ".join(f"{u}:{'>'.join(a.describe() for a in r)}" for u, r in results.items())
+    strategy += " parallel" if plan.parallel and len(results) > 1 else ""
+    failed = [r[-1] for r in results.values() if not r[-1].ok]
+    if failed:
+        stderr = _tail("\n".join(a.stderr for a in failed))
+        if toolchain.stub_include and _CUDA_LIBRARY_MENTION.search(stderr):
+            raise ToolchainUnavailable(f"{request.name}: this machine lacks CUDA library headers the source needs:\n{stderr}")
+        return {"ok": False, "strategy": strategy, "stderr_tail": stderr}
+    stderr = _tail("\n".join(r[-1].stderr for r in results.values()))
+    if not compile_only:
+        started = time.perf_counter()
+        objects = [str(work / f"{u}.o") for u in results]
+        link = _run([toolchain.cxx, *objects, *ld_flags(request, toolchain), "-o", str(work / f"{request.name}.so")], work)
+        strategy += f" link({time.perf_counter() - started:.1f}s)"
+        if link.returncode != 0:
+            return {"ok": False, "strategy": strategy, "stderr_tail": _tail(link.stderr)}
+    return {"ok": True, "strategy": strategy, "stderr_tail": stderr}
+
+
+@dataclass
+class Attempt:
+    """One compile of one unit at one tier."""
+
+    tier: str
+    ok: bool
+    seconds: float
+    stderr: str
+
+    def describe(self) -> str:
+        return f"{self.tier}({self.seconds:.1f}s{'' if self.ok else ' failed'})"
+
+
+def compile_ladder(request: InlineRequest, toolchain: Toolchain, tiers: Sequence[str], work: Path, *, cuda: bool) -> list[Attempt]:
+    """Try each tier in turn; stop at the first that compiles, or when a tier would compile the same text again."""
+    attempts: list[Attempt] = []
+    compiled: set[str] = set()
+    for tier in tiers:
+        text, header = unit_source(request, toolchain, tier, cuda=cuda)
+        if text + (header or "") in compiled:
+            break
+        compiled.add(text + (header or ""))
+        attempts.append(compile_unit(request, toolchain, tier, work, cuda=cuda))
+        if attempts[-1].ok:
+            break
+    return attempts
+
+
+def unit_source(request: InlineRequest, toolchain: Toolchain, tier: str, *, cuda: bool) -> tuple[str, str | None]:
+    """The unit's text at ``tier`` and the prelude header it includes (None when nothing was swapped)."""
+    make = cuda_unit if cuda else cpp_unit
+    text = make(request, tier)
+    swapped = text != make(request, "original")
+    return text, prelude(request, toolchain, tier, bindings=not cuda) if swapped else None
+
+
+def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: Path, *, cuda: bool) -> Attempt:
+    """Compile ``main.cpp`` (host compiler) or ``cuda.cu`` (nvcc) at ``tier`` to ``work/{cpp,cu}.o``."""
+    text, header = unit_source(request, toolchain, tier, cuda=cuda)
+    unit = "cu" if cuda else "cpp"
+    unit_dir = work / f"{unit}-{tier}"
+    unit_dir.mkdir(exist_ok=True)
+    source = unit_dir / ("cuda.cu" if cuda else "main.cpp")
+    source.write_text(text)
+    if header is not None:
+        (unit_dir / ("kz_cuda.h" if cuda else "kz_bindings.h")).write_text(header)
+    if cuda:
+        cmd = [str(toolchain.nvcc), *cuda_flags(request, toolchain)]
+    else:
+        cmd = [toolchain.cxx, *cpp_flags(request, toolchain)]
+    started = time.perf_counter()
+    result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
+    return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), result.stderr or result.stdout)
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= STDERR_TAIL_CHARS else "..." + text[-STDERR_TAIL_CHARS:]

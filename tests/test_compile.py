@@ -1,0 +1,193 @@
+"""reward_svc.compile: the fast, cached load_inline drop-in.
+
+Fast tests use sources without torch headers (nvcc or g++ in about a second); the ones marked
+slow run real compiles of torch-header sources (tens of seconds on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils.cpp_extension as cpp_extension
+
+from reward_svc import compile as kzc
+
+KB_CUDA = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void elementwise_add_kernel(const float* a, const float* b, float* out, int size) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < size) {
+        out[idx] = a[idx] + b[idx];
+    }
+}
+
+torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b) {
+    auto size = a.numel();
+    auto out = torch::zeros_like(a);
+    const int block_size = 256;
+    const int num_blocks = (size + block_size - 1) / block_size;
+    elementwise_add_kernel<<<num_blocks, block_size>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), size);
+    return out;
+}
+"""
+KB_CPP = "torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b);"
+PLAIN_CUDA = "__global__ void scale(float* x, float s) { x[threadIdx.x] *= s; }\n"
+needs_nvcc = pytest.mark.skipif(kzc._nvcc(kzc._cuda_home(cpp_extension)) is None, reason="nvcc not installed")
+
+
+@pytest.fixture(autouse=True)
+def restore_load_inline():
+    """Each test installs the drop-in; put torch's own back afterwards."""
+    original = cpp_extension.load_inline
+    yield
+    cpp_extension.load_inline = original
+
+
+def kb_request(**overrides) -> kzc.InlineRequest:
+    args = dict(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], extra_cflags=[""], extra_ldflags=[""])
+    args.update(overrides)
+    return kzc.make_request(**args)
+
+
+def test_install_replaces_load_inline_for_later_imports(tmp_path: Path) -> None:
+    torch_own = cpp_extension.load_inline
+    kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    from torch.utils.cpp_extension import load_inline
+
+    assert load_inline is cpp_extension.load_inline is not torch_own
+    kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    assert cpp_extension.load_inline._kz_original is torch_own  # reinstalling never wraps the drop-in
+
+
+def test_cache_key_changes_with_source_and_flags_and_not_otherwise(tmp_path: Path) -> None:
+    builder = kzc.Builder(tmp_path, compile_only=True)
+    key = builder.content_hash(kb_request())
+    assert builder.content_hash(kb_request()) == key
+    assert builder.content_hash(kb_request(extra_cflags=None, extra_ldflags=[])) == key  # empty flags are no flags
+    assert builder.content_hash(kb_request(cuda_sources=KB_CUDA + "\n// edit")) != key
+    assert builder.content_hash(kb_request(cpp_sources=KB_CPP + " ")) != key
+    assert builder.content_hash(kb_request(extra_cuda_cflags=["-O3"])) != key
+    assert builder.content_hash(kb_request(extra_cflags=["-O3"])) != key
+    assert builder.content_hash(kb_request(functions={"elementwise_add_cuda": "doc"})) != key
+    assert kzc.Builder(tmp_path, compile_only=True, arch="sm_80").content_hash(kb_request()) != key
+    assert kzc.Builder(tmp_path, compile_only=False, arch="sm_90").content_hash(kb_request()) != key
+
+
+def test_tiers_swap_umbrella_headers_in_place(tmp_path: Path) -> None:
+    request = kb_request()
+    toolchain = kzc.Builder(tmp_path, compile_only=True).toolchain
+    original, minimal = kzc.cuda_unit(request, "original"), kzc.cuda_unit(request, "minimal")
+    assert "torch/extension.h>\n" in original and '#include "kz_cuda.h"' in minimal
+    assert len(minimal.splitlines()) == len(original.splitlines())  # diagnostics keep their line numbers
+    assert not [line for line in minimal.splitlines() if line.startswith("#include <torch/")]
+    header = kzc.prelude(request, toolchain, "minimal", bindings=False)
+    assert "#include <ATen/ops/zeros_like.h>" in header and "constexpr auto kFloat32" in header
+    assert "pybind" not in header and "ATen/Functions.h" not in header
+    assert "#include <torch/csrc/utils/pybind.h>" in kzc.prelude(request, toolchain, "minimal", bindings=True)
+    assert kzc.prelude(request, toolchain, "light", bindings=False).count("#include") == 1
+
+
+def test_minimal_tier_screens_names_that_resolve_differently(tmp_path: Path) -> None:
+    toolchain = kzc.Builder(tmp_path, compile_only=True).toolchain
+    assert kzc.choose_plan(kb_request(), toolchain).cuda_tiers == ("minimal", "original")
+    risky = kb_request(cuda_sources=KB_CUDA.replace("torch::zeros_like(a)", "torch::tensor({1.0f})"))
+    assert kzc.choose_plan(risky, toolchain).cuda_tiers == ("light", "original")
+
+
+@needs_nvcc
+def test_syntax_error_raises_compile_error_with_nvcc_message_and_is_cached(tmp_path: Path) -> None:
+    log = kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    broken = "__global__ void scale(float* x, float s) { x[threadIdx.x] *= s }\n"
+    for _ in range(2):
+        with pytest.raises(kzc.CompileError) as caught:
+            cpp_extension.load_inline(name="broken", cpp_sources="", cuda_sources=broken, no_implicit_headers=True)
+        assert 'expected a ";"' in caught.value.stderr_tail and "cuda.cu" in str(caught.value)
+    first, second = log.entries
+    assert not first.ok and not first.cache_hit and 'expected a ";"' in first.stderr_tail
+    assert not second.ok and second.cache_hit and second.content_hash == first.content_hash
+
+
+@needs_nvcc
+def test_second_call_is_a_logged_cache_hit(tmp_path: Path) -> None:
+    log = kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    kwargs = dict(name="plain", cpp_sources="", cuda_sources=PLAIN_CUDA, no_implicit_headers=True)
+    module = cpp_extension.load_inline(**kwargs)
+    with pytest.raises(RuntimeError, match="compiled only: no GPU here"):
+        module.scale_launch()
+    cpp_extension.load_inline(**kwargs)
+    miss, hit = log.entries
+    assert miss.ok and not miss.cache_hit and "cu:" in miss.strategy and "parallel" in miss.strategy
+    assert hit.ok and hit.cache_hit and hit.content_hash == miss.content_hash and hit.seconds < 0.5
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("_")] == [miss.content_hash]
+
+
+def test_concurrent_builds_of_one_hash_publish_once(tmp_path: Path) -> None:
+    request = kzc.make_request("same", "int answer() { return 42; }", no_implicit_headers=True)
+    builders = [kzc.Builder(tmp_path, compile_only=True) for _ in range(3)]
+    threads = [threading.Thread(target=b.load, args=(request,)) for b in builders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    entries = [b.log.entries[0] for b in builders]
+    assert all(e.ok for e in entries) and len({e.content_hash for e in entries}) == 1
+    published = [p.name for p in tmp_path.iterdir() if not p.name.startswith("_")]
+    assert published == [entries[0].content_hash]  # one entry, no temporary directories left
+
+
+def test_compiled_only_stand_in_for_candidate_bindings() -> None:
+    module = kzc.CompiledOnlyModule("own_bindings", [])
+    with pytest.raises(RuntimeError, match="compiled only: no GPU here"):
+        module.anything(1)
+    with pytest.raises(AttributeError):
+        module.__wrapped__
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_kernelbench_source_compiles_only_with_real_nvcc(tmp_path: Path) -> None:
+    log = kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    from torch.utils.cpp_extension import load_inline
+
+    module = load_inline(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], verbose=True, extra_cflags=[""], extra_ldflags=[""])
+    (entry,) = log.entries
+    assert entry.ok and not entry.cache_hit, entry.stderr_tail
+    assert entry.strategy.startswith("cpp:minimal(") and " cu:minimal(" in entry.strategy and "failed" not in entry.strategy
+    with pytest.raises(RuntimeError, match="compiled only: no GPU here"):
+        module.elementwise_add_cuda(torch.ones(4), torch.ones(4))
+
+
+@pytest.mark.slow
+def test_light_tier_failure_falls_back_to_the_candidates_headers(tmp_path: Path) -> None:
+    # at::globalContext lives in ATen/Context.h: in ATen/ATen.h, not in the minimal prelude.
+    source = "#include <ATen/ATen.h>\nbool deterministic() { return at::globalContext().deterministicAlgorithms(); }\n"
+    builder = kzc.Builder(tmp_path, compile_only=True)
+    builder.load(kzc.make_request("fallback", source, no_implicit_headers=True))
+    (entry,) = builder.log.entries
+    assert entry.ok, entry.stderr_tail
+    assert entry.strategy.startswith("cpp:minimal(") and "failed)>original(" in entry.strategy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_compile_load_run_then_cache_hit(tmp_path: Path) -> None:
+    log = kzc.install_fast_load_inline(tmp_path)
+    from torch.utils.cpp_extension import load_inline
+
+    kwargs = dict(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], extra_cflags=[""], extra_ldflags=[""])
+    module = load_inline(**kwargs)
+    a, b = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")
+    torch.testing.assert_close(module.elementwise_add_cuda(a, b), a + b)
+    started = time.perf_counter()
+    again = load_inline(**kwargs)
+    assert time.perf_counter() - started < 0.5
+    miss, hit = log.entries
+    assert miss.ok and not miss.cache_hit and "link(" in miss.strategy
+    assert hit.cache_hit and hit.seconds < 0.5
+    torch.testing.assert_close(again.elementwise_add_cuda(a, b), a + b)
