@@ -219,9 +219,12 @@ def install_fast_load_inline(cache_dir: Path, *, compile_only: bool = False, arc
         keep_intermediates: bool = True,
         use_pch: bool = False,
         no_implicit_headers: bool = False,
+        **newer: Any,
     ) -> Any:
-        if sycl_sources or with_sycl:
-            return original(**_original_kwargs(original, locals()))
+        if sycl_sources or with_sycl or newer:
+            # SYCL, or an argument from a torch newer than this drop-in knows: torch's own build.
+            call = {k: v for k, v in locals().items() if k != "newer"}
+            return original(**_original_kwargs(original, call), **newer)
         request = make_request(
             name, cpp_sources, cuda_sources, functions, extra_cflags, extra_cuda_cflags, extra_ldflags,
             extra_include_paths, with_cuda, is_python_module, with_pytorch_error_handling, no_implicit_headers,
@@ -500,7 +503,7 @@ def _version_line(cmd: tuple[str, ...], *, first: bool) -> str:
 
 
 def _torch_cxx_std(cpp_extension: types.ModuleType) -> str:
-    """The -std= torch itself uses for extensions (c++17 up to 2.9-ish, c++20 later)."""
+    """The -std= the installed torch uses for extensions, read from its build code (it moved from c++17 to c++20)."""
     try:
         source = inspect.getsource(cpp_extension._write_ninja_file_to_build_library)
     except (AttributeError, OSError, TypeError):
@@ -510,12 +513,13 @@ def _torch_cxx_std(cpp_extension: types.ModuleType) -> str:
 
 
 def _arch_flags(arch: str | None, compile_only: bool) -> tuple[str, ...]:
-    """One real target, no PTX: the kernel only ever runs on this device."""
+    """One real target, no PTX: the kernel only ever runs on this device (sm_90 when there is none)."""
     if arch is None and not compile_only:
         import torch
 
-        major, minor = torch.cuda.get_device_capability()
-        arch = f"sm_{major}{minor}"
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            arch = f"sm_{major}{minor}"
     arch = arch or DEFAULT_COMPILE_ONLY_ARCH
     number = arch.removeprefix("sm_")
     return (f"-gencode=arch=compute_{number},code=sm_{number}",)
@@ -716,6 +720,8 @@ def build(request: InlineRequest, toolchain: Toolchain, plan: Plan, work: Path, 
         strategy += f" link({time.perf_counter() - started:.1f}s)"
         if link.returncode != 0:
             return {"ok": False, "strategy": strategy, "stderr_tail": _tail(link.stderr)}
+        for obj in objects:
+            os.unlink(obj)  # the .so is the artefact; the cache keeps the sources for debugging
     return {"ok": True, "strategy": strategy, "stderr_tail": stderr}
 
 
@@ -775,7 +781,11 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    """Run a compiler; one killed by a signal (OOM, a kill) says nothing about the source, so it raises."""
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if result.returncode < 0:
+        raise RuntimeError(f"{os.path.basename(cmd[0])} was killed by signal {-result.returncode}")
+    return result
 
 
 def _tail(text: str) -> str:
