@@ -34,16 +34,11 @@ def _warm_triton_driver() -> None:
     paying that before the job arrives keeps it off the candidate's clock."""
     try:
         import torch
-        import triton
-        import triton.language as tl
+
+        from reward_svc.harness.warmup_kernel import touch
     except ImportError:
         return
-
-    @triton.jit
-    def _touch(ptr):
-        tl.store(ptr, 1.0)
-
-    _touch[(1,)](torch.empty(1, device="cuda"))
+    touch[(1,)](torch.empty(1, device="cuda"))
     torch.cuda.synchronize()
 
 
