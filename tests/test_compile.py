@@ -65,6 +65,12 @@ def test_install_replaces_load_inline_for_later_imports(tmp_path: Path) -> None:
     assert cpp_extension.load_inline._kz_original is torch_own  # reinstalling never wraps the drop-in
 
 
+def test_arguments_from_a_newer_torch_go_to_torchs_own_load_inline(tmp_path: Path) -> None:
+    kzc.install_fast_load_inline(tmp_path, compile_only=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):  # torch 2.13 itself rejects it
+        cpp_extension.load_inline(name="newer", cpp_sources="", extra_cuda_dlink_cflags=["-dlto"])
+
+
 def test_cache_key_changes_with_source_and_flags_and_not_otherwise(tmp_path: Path) -> None:
     builder = kzc.Builder(tmp_path, compile_only=True)
     key = builder.content_hash(kb_request())
@@ -172,6 +178,21 @@ def test_light_tier_failure_falls_back_to_the_candidates_headers(tmp_path: Path)
     (entry,) = builder.log.entries
     assert entry.ok, entry.stderr_tail
     assert entry.strategy.startswith("cpp:minimal(") and "failed)>original(" in entry.strategy
+
+
+@pytest.mark.slow
+def test_cpp_extension_links_imports_and_runs(tmp_path: Path) -> None:
+    # The full path minus CUDA: minimal-tier headers, generated bindings, torch's link flags, import.
+    log = kzc.install_fast_load_inline(tmp_path)
+    source = "torch::Tensor add_one(torch::Tensor x) { TORCH_CHECK(x.dim() == 1, \"1-d only\"); return x.add(1); }"
+    module = cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"])
+    torch.testing.assert_close(module.add_one(torch.zeros(3)), torch.ones(3))
+    with pytest.raises(RuntimeError, match="1-d only"):  # torch errors cross the binding as RuntimeError
+        module.add_one(torch.zeros(2, 2))
+    (entry,) = log.entries
+    assert entry.strategy.startswith("cpp:minimal(") and "link(" in entry.strategy
+    assert cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"]).add_one(torch.ones(1)).item() == 2
+    assert log.entries[1].cache_hit and log.entries[1].seconds < 0.5
 
 
 @pytest.mark.gpu
