@@ -56,6 +56,8 @@ def _is_compile_error(exc: BaseException) -> bool:
 
 def _failure(exc: BaseException, during: str) -> dict[str, Any]:
     tail = "".join(traceback.format_exception(exc)[-6:])[-2000:]
+    if type(exc).__name__ == "ToolchainUnavailable":  # this machine lacks a header the source needs: not the candidate's fault
+        return {"status": "unverified", "reason": f"not checked here: {exc}"[:2000], "traceback": tail}
     if _is_compile_error(exc):
         return {"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail}
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
