@@ -75,10 +75,17 @@ def _hidden_paths(policy: SandboxPolicy) -> list[Path]:
 
 
 def _reexposed(policy: SandboxPolicy) -> list[Path]:
-    """The running interpreter's installation, where a hidden dir would otherwise cover it."""
+    """The running interpreter's installation and import path, where the private /tmp or a hidden
+    dir would otherwise cover them (a checkout or venv under /tmp or HOME), read-only. Import
+    paths inside the policy's own hidden dirs stay hidden: those hold secrets."""
     hidden = _hidden_paths(policy)
+    covering = [*hidden, Path("/tmp")]
+    secret = [_real(p) for p in policy.hidden_dirs]
     prefixes = {_real(Path(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    return sorted(p for p in prefixes if any(p.is_relative_to(h) for h in hidden))
+    imports = {_real(Path(p)) for p in sys.path if p and Path(p).is_dir()}
+    exposed = {p for p in prefixes if any(p.is_relative_to(h) for h in covering)}
+    exposed |= {p for p in imports if any(p.is_relative_to(h) for h in covering) and not any(p.is_relative_to(s) for s in secret)}
+    return sorted(exposed)
 
 
 @functools.cache
