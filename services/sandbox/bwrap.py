@@ -83,6 +83,7 @@ def _reexposed(policy: SandboxPolicy) -> list[Path]:
     secret = [_real(p) for p in policy.hidden_dirs]
     prefixes = {_real(Path(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     imports = {_real(Path(p)) for p in sys.path if p and Path(p).is_dir()}
+    imports.add(_real(Path(__file__)).parents[2])  # this checkout: an editable install is not on sys.path
     exposed = {p for p in prefixes if any(p.is_relative_to(h) for h in covering)}
     exposed |= {p for p in imports if any(p.is_relative_to(h) for h in covering) and not any(p.is_relative_to(s) for s in secret)}
     return sorted(exposed)
