@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from celery import Celery, Task
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 
 from services.config import get_settings
@@ -150,8 +150,3 @@ def register_job_task(app: Celery, kind: str, work: JobFunction) -> None:
     @app.task(name=kind, bind=False, base=JobTask)
     def _task(job_id: str) -> None:
         run_job(job_id, work)
-
-
-def jobs_in_state(*statuses: str) -> list[Job]:
-    with session_scope() as session:
-        return list(session.scalars(select(Job).where(Job.status.in_(statuses))))
