@@ -39,32 +39,14 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from cuda_cases import ELEMENTWISE_ADD_CPP as CPP_SOURCE  # noqa: E402
+from cuda_cases import ELEMENTWISE_ADD_CUDA as CUDA_SOURCE  # noqa: E402
 from reward_svc import compile as kzc  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "elementwise_add"
-CUDA_SOURCE = r"""
-#include <torch/extension.h>
-#include <cuda_runtime.h>
-
-__global__ void elementwise_add_kernel(const float* a, const float* b, float* out, int size) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < size) {
-        out[idx] = a[idx] + b[idx];
-    }
-}
-
-torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b) {
-    auto size = a.numel();
-    auto out = torch::zeros_like(a);
-    const int block_size = 256;
-    const int num_blocks = (size + block_size - 1) / block_size;
-    elementwise_add_kernel<<<num_blocks, block_size>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), size);
-    return out;
-}
-"""
-CPP_SOURCE = "torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b);"
 LOAD_KWARGS: dict[str, Any] = dict(
     name=NAME, cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE, functions=["elementwise_add_cuda"],
     verbose=False, extra_cflags=[""], extra_ldflags=[""],

@@ -108,7 +108,7 @@ def triton_end_to_end(evaluator) -> dict:  # type: ignore[no-untyped-def]
 
 
 def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
-    from test_reward_gpu import CUDA_RELU
+    from cuda_cases import CUDA_RELU
     from reward_cases import RELU_REFERENCE
     from reward_svc.evaluate import EvalOptions
 
@@ -124,7 +124,7 @@ def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
     script = (
         "import time,sys; from pathlib import Path; sys.path.insert(0,'tests');"
         "from reward_svc.compile import install_fast_load_inline as i; import tempfile;"
-        "log=i(Path(sys.argv[1])); import torch.utils.cpp_extension as c; from test_reward_gpu import CUDA_RELU;"
+        "log=i(Path(sys.argv[1])); import torch.utils.cpp_extension as c; from cuda_cases import CUDA_RELU;"
         "src=CUDA_RELU.split('ext = load_inline')[0]; exec(src);"
         "t=time.perf_counter(); c.load_inline(name='bench_relu', cpp_sources=cpp, cuda_sources=cuda, functions=['relu_cuda']);"
         "print(time.perf_counter()-t)"

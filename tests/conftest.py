@@ -38,6 +38,7 @@ from services.config import Settings, get_settings
 from services.db import migrate
 from services.db.session import engine_for
 from services.queue.app import producer
+from reward_svc.evaluate import Evaluator
 
 TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -207,3 +208,11 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
     yield start
     for worker in workers:
         worker.stop()
+
+
+@pytest.fixture
+def evaluator(kz_env: Callable[..., Settings]) -> Iterator[Evaluator]:
+    """A reward evaluator on private settings, children started on demand, closed after the test."""
+    instance = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2))
+    yield instance
+    instance.close()

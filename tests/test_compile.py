@@ -14,29 +14,10 @@ import pytest
 import torch
 import torch.utils.cpp_extension as cpp_extension
 
+from cuda_cases import ELEMENTWISE_ADD_CPP as KB_CPP
+from cuda_cases import ELEMENTWISE_ADD_CUDA as KB_CUDA
 from reward_svc import compile as kzc
 
-KB_CUDA = r"""
-#include <torch/extension.h>
-#include <cuda_runtime.h>
-
-__global__ void elementwise_add_kernel(const float* a, const float* b, float* out, int size) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < size) {
-        out[idx] = a[idx] + b[idx];
-    }
-}
-
-torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b) {
-    auto size = a.numel();
-    auto out = torch::zeros_like(a);
-    const int block_size = 256;
-    const int num_blocks = (size + block_size - 1) / block_size;
-    elementwise_add_kernel<<<num_blocks, block_size>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), size);
-    return out;
-}
-"""
-KB_CPP = "torch::Tensor elementwise_add_cuda(torch::Tensor a, torch::Tensor b);"
 PLAIN_CUDA = "__global__ void scale(float* x, float s) { x[threadIdx.x] *= s; }\n"
 needs_nvcc = pytest.mark.skipif(kzc._nvcc(kzc._cuda_home(cpp_extension)) is None, reason="nvcc not installed")
 

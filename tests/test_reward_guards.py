@@ -3,19 +3,10 @@ public reward hack is caught by the guard meant for its class, through the real 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 
 from reward_cases import CORRECT, HACKS, HEADER, RELU_REFERENCE, candidate
-from services.config import Settings
 from reward_svc.evaluate import EvalOptions, Evaluator
-
-@pytest.fixture
-def evaluator(kz_env: Callable[..., Settings]) -> Iterator[Evaluator]:
-    instance = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2))
-    yield instance
-    instance.close()
 
 
 def test_correct_triton_kernel_passes_and_hacks_are_caught(evaluator: Evaluator) -> None:
