@@ -10,6 +10,7 @@ without running finalizers, so nothing the candidate scheduled can rewrite them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -110,7 +111,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
         from reward_svc.harness.timing import time_gpu
 
         model = models[spec["weight_seeds"][0]]
-        args = tensors.to_device(tensors.load(exchange / "inputs_0.pt"), device)
+        args = _case_inputs(spec, exchange, 0)
         try:
             with torch.no_grad():
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
@@ -118,6 +119,11 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs
         result["observations"]["replaced_functions"] = snapshot.replaced()
     return result, outputs
+
+
+def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
+    """The reference's inputs for one case, on this child's device."""
+    return tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
 
 
 def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int) -> torch.nn.Module:
@@ -131,16 +137,14 @@ def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, 
 def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int,
               counter: LaunchCounter, observations: dict[str, Any], baseline_threads: int) -> tuple[Any, Any]:
     model = _model_for(module, models, spec, exchange, case)
-    args = tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
+    args = _case_inputs(spec, exchange, case)
     pristine = tensors.clone(args)
     launches_before = counter.total
-    if case == 0:
-        recorder = OpRecorder()
-        with recorder:
-            out = model(*args)
-        observations["compute_ops"] = recorder.compute_ops()
-    else:
+    recorder = OpRecorder()
+    with recorder if case == 0 else contextlib.nullcontext():
         out = model(*args)
+    if case == 0:
+        observations["compute_ops"] = recorder.compute_ops()
     returned = tensors.clone(out)  # what the caller sees the moment forward returns
     _settle(spec["device"])
     observations["launches_per_case"].append(counter.total - launches_before)
@@ -169,7 +173,7 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     tensor identity, address or shape."""
     last = len(case_args) - 1
     targets = tensors.tensors_in(case_args[last])
-    fresh = tensors.tensors_in(tensors.to_device(tensors.load(exchange / "inputs_0.pt"), spec["device"]))
+    fresh = tensors.tensors_in(_case_inputs(spec, exchange, 0))
     if [t.shape for t in targets] != [t.shape for t in fresh]:
         return None
     for target, value in zip(targets, fresh):
@@ -184,7 +188,7 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
     with NaN: an output that is still right was not computed by the custom kernels."""
     case = spec["trials"]
     model = _model_for(module, models, spec, exchange, case)
-    args = tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
+    args = _case_inputs(spec, exchange, case)
     import torch.utils.deterministic as deterministic
 
     previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)

@@ -61,9 +61,8 @@ def time_gpu(
         batch_excess_ms.append(batch_start.elapsed_time(batch_end) - batch * flush_ms - sum(times))
         rse = _relative_standard_error(samples)
         elapsed = time.perf_counter() - started
-        if len(samples) >= min_samples and (rse <= target_rse or len(samples) >= max_samples or elapsed > budget_s):
-            break
-        if elapsed > budget_s and len(samples) >= batch:
+        # Every batch adds samples, so the budget alone may end the run (with at least one batch).
+        if elapsed > budget_s or (len(samples) >= min_samples and (rse <= target_rse or len(samples) >= max_samples)):
             break
 
     median = statistics.median(samples)

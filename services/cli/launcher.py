@@ -141,6 +141,10 @@ class Launcher:
             self.raise_if_child_died()
             self._stopping.wait(0.5)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     def request_stop(self) -> None:
         self._stopping.set()
 

@@ -62,7 +62,7 @@ def up(
         console.print(table)
         launcher.supervise()
     except (RuntimeError, TimeoutError) as exc:
-        if not launcher._stopping.is_set():
+        if not launcher.stopping:
             console.print(f"[red]error:[/] {exc}")
             exit_code = 1
     finally:
