@@ -62,8 +62,8 @@ else
     # On our machines torch==2.13.0 resolves to a local CPU wheel (pip's find-links).
     say "installing $TORCH_SPEC"
     "${pip[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
-    say "installing kernelzero (editable, extras kernels and dev)"
-    "${pip[@]}" install -q -e '.[kernels,dev]'
+    say "installing kernelzero (editable, extras kernels, train and dev)"
+    "${pip[@]}" install -q -e '.[kernels,train,dev]'
     echo "$want" > "$STAMP"
 fi
 

@@ -66,6 +66,9 @@ class Task(Base):
     input_shapes: Mapped[list[Any] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
     reason: Mapped[str | None] = mapped_column(Text)
+    # Hash of the traced op graph: two sources that differ only in names or layout collide here.
+    graph_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     candidates: Mapped[list[Candidate]] = relationship(back_populates="task")
@@ -94,6 +97,9 @@ class Candidate(Base):
     source: Mapped[str] = mapped_column(Text)
     source_hash: Mapped[str] = mapped_column(String(64), index=True)
     model_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))
+    # The served model that wrote it (name and version as the backend reported them).
+    model_name: Mapped[str | None] = mapped_column(String(500))
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     task: Mapped[Task] = relationship(back_populates="candidates")
@@ -142,3 +148,36 @@ class Rollout(Base):
     model_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))
     consumed: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiCorpus(Base):
+    """One mined corpus of real modules: where it came from and how much was parsed."""
+
+    __tablename__ = "api_corpora"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sources: Mapped[list[Any]] = mapped_column(JSON)
+    files: Mapped[int] = mapped_column(Integer, default=0)
+    modules: Mapped[int] = mapped_column(Integer, default=0)
+    mined_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiUsage(Base):
+    """How many ``forward`` bodies of a corpus use one Torch API."""
+
+    __tablename__ = "api_usage"
+
+    corpus: Mapped[str] = mapped_column(ForeignKey("api_corpora.name", ondelete="CASCADE"), primary_key=True)
+    api: Mapped[str] = mapped_column(String(200), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+
+
+class ApiPair(Base):
+    """How many ``forward`` bodies use both APIs (stored once, with ``api_a < api_b``)."""
+
+    __tablename__ = "api_pairs"
+
+    corpus: Mapped[str] = mapped_column(ForeignKey("api_corpora.name", ondelete="CASCADE"), primary_key=True)
+    api_a: Mapped[str] = mapped_column(String(200), primary_key=True)
+    api_b: Mapped[str] = mapped_column(String(200), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)

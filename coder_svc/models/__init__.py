@@ -1,0 +1,1 @@
+"""Model backends: chat models (``openai``, ``hf``) behind one interface; see ``base``."""
