@@ -1,0 +1,1 @@
+"""Composition of KernelBench-format modules from API sets: programmatic and LLM, one interface."""
