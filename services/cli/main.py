@@ -19,6 +19,8 @@ from services.cli.launcher import Launcher, redis_answers, run_state_path
 from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
 from reward_svc.cli import score
+from proposer_svc.cli import proposer_app
+from coder_svc.cli import coder_app
 from services.queue.names import COMPILE, GENERATION, PROPOSAL, TRAINING, scoring_queues
 
 app = typer.Typer(help="KernelZero: co-evolving task Proposer and kernel Coder around a sandboxed reward service.", no_args_is_help=True)
@@ -27,6 +29,8 @@ db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
 app.add_typer(apikey_app, name="apikey")
 app.add_typer(db_app, name="db")
 app.command("score")(score)
+app.add_typer(proposer_app, name="proposer")
+app.add_typer(coder_app, name="coder")
 console = Console()
 
 
