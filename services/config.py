@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, computed_field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,23 @@ class Settings(BaseSettings):
     sandbox_memory_bytes: int = Field(default=16 << 30, description="Address-space limit of a CPU evaluation child.")
     reward_warm_children: int = Field(default=1, ge=0, description="Evaluation children kept warm per worker.")
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
+
+    # Coder service
+    coder_model_backend: Literal["template", "openai", "hf"] = Field(
+        default="template", description="Kernel generator: the deterministic template, an OpenAI-compatible endpoint, or a local HF model.")
+    coder_openai_base_url: str = Field(default="http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint (vLLM), with /v1.")
+    coder_openai_api_key: SecretStr | None = Field(default=None, description="Bearer key for the endpoint; never logged.")
+    coder_model: str | None = Field(default=None, description="Model name sent to the endpoint; the first one it lists when unset.")
+    coder_hf_model_path: Path | None = Field(default=None, description="Local Hugging Face model directory for the hf backend.")
+    coder_lora_path: Path | None = Field(default=None, description="LoRA adapter loaded on top of the hf model at start.")
+    coder_request_timeout_s: float = Field(default=600.0, gt=0, description="Read timeout of one chat request (long generations).")
+    coder_max_retries: int = Field(default=4, ge=0, description="Retries of a request on connect errors, 429 and 5xx.")
+    coder_max_concurrency: int = Field(default=8, ge=1, description="Chat requests in flight at once per process.")
+    coder_system_prompt_cuda: str | None = Field(default=None, description="Replaces the built-in CUDA system prompt.")
+    coder_system_prompt_triton: str | None = Field(default=None, description="Replaces the built-in Triton system prompt.")
+    coder_temperature: float = Field(default=0.7, ge=0, description="Default sampling temperature.")
+    coder_top_p: float = Field(default=0.95, gt=0, le=1, description="Default nucleus sampling mass.")
+    coder_max_tokens: int = Field(default=4096, ge=1, description="Default cap on generated tokens per reply.")
 
     @model_validator(mode="after")
     def _visibility_outlives_jobs(self) -> "Settings":
