@@ -41,6 +41,17 @@ class Settings(BaseSettings):
     reward_warm_children: int = Field(default=1, ge=0, description="Evaluation children kept warm per worker.")
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
 
+    # Proposer service
+    proposer_corpus: str = Field(default="default", description="Mined API statistics the proposer samples from.")
+    proposer_composer: Literal["composer", "llm"] = Field(default="composer", description="Who writes modules: the programmatic composer or the LLM.")
+    proposer_sample_temperature: float = Field(default=1.0, gt=0, description="Temperature of API-set sampling (higher: flatter).")
+    proposer_failure_bias: float = Field(default=1.0, ge=0, description="Weight toward APIs the Coder fails on (0: none).")
+    proposer_api_set_size: int = Field(default=3, ge=1, description="APIs sampled per proposed module.")
+    proposer_frontier_shape: Literal["linear", "gaussian"] = Field(default="linear", description="Frontier reward: 1-|2p-1|, or a gaussian around 0.5.")
+    proposer_frontier_width: float = Field(default=0.2, gt=0, description="Standard deviation of the gaussian frontier reward.")
+    proposer_min_attempts: int = Field(default=4, ge=1, description="Scored candidates before a task's pass rate counts.")
+    proposer_explore_fraction: float = Field(default=0.25, ge=0, le=1, description="Share of a round's tasks given to under-attempted ones.")
+
     # Coder service
     coder_model_backend: Literal["template", "openai", "hf"] = Field(
         default="template", description="Kernel generator: the deterministic template, an OpenAI-compatible endpoint, or a local HF model.")
