@@ -69,10 +69,16 @@ class Child:
 
 
 class ChildPool:
-    """Keeps ``size`` children warm (torch imported, CUDA initialised, blocked on stdin)."""
+    """Keeps ``size`` children warm (torch imported, CUDA initialised, blocked on stdin).
 
-    def __init__(self, settings: Settings, layout: Layout, device: str, timeout_s: float, size: int) -> None:
+    ``entry`` is the child's module (``python -m ENTRY WORKDIR DEVICE``): the reward harness by
+    default; the Proposer's validation child reuses the pool with its own.
+    """
+
+    def __init__(self, settings: Settings, layout: Layout, device: str, timeout_s: float, size: int,
+                 entry: str = "reward_svc.harness.child") -> None:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
+        self.entry = entry
         self._warm: collections.deque[Child] = collections.deque()
         self._lock = threading.Lock()
         # bwrap's --die-with-parent follows the *thread* that started a child: every child is
@@ -110,7 +116,7 @@ class ChildPool:
     def _spawn_here(self) -> Child:
         workdir = self.layout.jobs / uuid.uuid4().hex
         workdir.mkdir(parents=True)
-        argv = [sys.executable, "-m", "reward_svc.harness.child", str(workdir), self.device]
+        argv = [sys.executable, "-m", self.entry, str(workdir), self.device]
         return Child(SandboxProcess(argv, self.policy(workdir), cwd=workdir), workdir)
 
     def refill(self) -> None:

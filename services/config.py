@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     proposer_frontier_width: float = Field(default=0.2, gt=0, description="Standard deviation of the gaussian frontier reward.")
     proposer_min_attempts: int = Field(default=4, ge=1, description="Scored candidates before a task's pass rate counts.")
     proposer_explore_fraction: float = Field(default=0.25, ge=0, le=1, description="Share of a round's tasks given to under-attempted ones.")
+    proposer_validation_timeout_s: float = Field(default=120.0, gt=0, description="Wall-clock limit of one module's validation child.")
+    proposer_validation_warm_children: int = Field(default=1, ge=0, description="Validation children kept warm while a batch runs.")
+    proposer_min_ms_cpu: float = Field(default=0.0, ge=0, description="Runtime lower bound of a module on CPU (0: none).")
+    proposer_max_ms_cpu: float = Field(default=10000.0, ge=0, description="Runtime upper bound of a module on CPU (0: none).")
+    proposer_min_ms_cuda: float = Field(default=0.005, ge=0, description="Runtime lower bound of a module on the GPU (0: none).")
+    proposer_max_ms_cuda: float = Field(default=1000.0, ge=0, description="Runtime upper bound of a module on the GPU (0: none).")
 
     # Coder service
     coder_model_backend: Literal["template", "openai", "hf"] = Field(
