@@ -1,5 +1,6 @@
-"""The coder service's HTTP app (its domain routes arrive with its own issue)."""
+"""The coder service's HTTP app."""
 
+from coder_svc.routes import router
 from services.api.app import create_service_app
 
-app = create_service_app("coder")
+app = create_service_app("coder", router, description="Best-of-n verified CUDA/Triton kernels from model backends; serving-model switch.")

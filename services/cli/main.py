@@ -20,7 +20,7 @@ from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
 from reward_svc.cli import score
 from proposer_svc.cli import proposer_app
-from coder_svc.cli import coder_app
+from coder_svc.cli import coder_app, evaluate, generate
 from services.queue.names import COMPILE, GENERATION, PROPOSAL, TRAINING, scoring_queues
 
 app = typer.Typer(help="KernelZero: co-evolving task Proposer and kernel Coder around a sandboxed reward service.", no_args_is_help=True)
@@ -31,6 +31,8 @@ app.add_typer(db_app, name="db")
 app.command("score")(score)
 app.add_typer(proposer_app, name="proposer")
 app.add_typer(coder_app, name="coder")
+app.command("generate")(generate)
+app.command("eval")(evaluate)
 console = Console()
 
 

@@ -1,7 +1,33 @@
-"""Client of the coder service (kernel generation routes arrive with its issue)."""
+"""Client of the coder service: ask for a verified kernel, read a job's result, switch the serving model."""
 
-from services.clients.base import ServiceClient
+from __future__ import annotations
+
+import time
+
+from services.clients.base import TERMINAL_STATUSES, ServiceClient
+from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+
+ROUTE_WAIT_S = 20.0  # as in the reward client: hold the connection briefly, then poll
 
 
 class CoderClient(ServiceClient):
     service = "coder"
+
+    def generate(self, request: KernelRequest) -> KernelResponse:
+        """Submit; waits up to ``request.wait_s`` in all (route wait, then polling)."""
+        body = request.model_copy(update={"wait_s": min(request.wait_s, ROUTE_WAIT_S)})
+        response = KernelResponse.model_validate(self.request("POST", "/v1/kernels", json=body.model_dump()).json())
+        deadline = time.monotonic() + request.wait_s
+        while response.job_status not in TERMINAL_STATUSES and time.monotonic() < deadline:
+            time.sleep(0.5)
+            response = self.kernel(response.job_id)
+        return response
+
+    def kernel(self, job_id: str) -> KernelResponse:
+        return KernelResponse.model_validate(self.request("GET", f"/v1/kernels/{job_id}").json())
+
+    def serving_model(self) -> ServingModel:
+        return ServingModel.model_validate(self.request("GET", "/v1/admin/model").json())
+
+    def switch_model(self, switch: ModelSwitch) -> ServingModel:
+        return ServingModel.model_validate(self.request("POST", "/v1/admin/model", json=switch.model_dump()).json())

@@ -1,7 +1,49 @@
-"""Client of the reward service (the scoring methods arrive with the reward service's routes)."""
+"""Client of the reward service: score one kernel or a group, waiting through the job when it runs long."""
 
-from services.clients.base import ServiceClient
+from __future__ import annotations
+
+import time
+
+from reward_svc.rewards import CAGRPOConfig
+from services.clients.base import TERMINAL_STATUSES, ServiceClient
+from services.schemas.jobs import JobOut
+from services.schemas.reward import GroupResult, GroupScoreRequest, GroupScoreResponse, ScoreOptions, ScoreRequest, ScoreResponse
+
+# The route holds a request open at most this long (below the HTTP read timeout); the rest of
+# the wait polls the job, so a long evaluation never looks like a dead connection.
+ROUTE_WAIT_S = 20.0
 
 
 class RewardClient(ServiceClient):
     service = "reward"
+
+    def score(self, reference: str, candidate: str, options: ScoreOptions | None = None, wait_s: float = 300.0) -> ScoreResponse:
+        """One verdict; ``job_status`` is still queued/running only when ``wait_s`` ran out."""
+        body = ScoreRequest(reference=reference, candidate=candidate, options=options or ScoreOptions(), wait_s=min(wait_s, ROUTE_WAIT_S))
+        response = ScoreResponse.model_validate(self.request("POST", "/v1/score", json=body.model_dump()).json())
+        if response.job_status in TERMINAL_STATUSES:
+            return response
+        job = self._wait(response.job_id, wait_s)
+        verdict = GroupResult.model_validate(job.result).verdicts[0] if job.result else None
+        return ScoreResponse(job_id=job.id, job_status=job.status, verdict=verdict, error=job.error)
+
+    def score_group(self, reference: str, candidates: list[str], options: ScoreOptions | None = None,
+                    ca_grpo: CAGRPOConfig | None = None, wait_s: float = 300.0) -> GroupScoreResponse:
+        """Verdicts with CA-GRPO rewards for a group; the job id links them to the stored scores."""
+        body = GroupScoreRequest(reference=reference, candidates=candidates, options=options or ScoreOptions(),
+                                 ca_grpo=ca_grpo or CAGRPOConfig(), wait_s=min(wait_s, ROUTE_WAIT_S))
+        response = GroupScoreResponse.model_validate(self.request("POST", "/v1/score/group", json=body.model_dump()).json())
+        if response.job_status in TERMINAL_STATUSES:
+            return response
+        job = self._wait(response.job_id, wait_s)
+        result = GroupResult.model_validate(job.result) if job.result else None
+        return GroupScoreResponse(job_id=job.id, job_status=job.status, result=result, error=job.error)
+
+    def _wait(self, job_id: str, wait_s: float) -> JobOut:
+        """The job after polling up to ``wait_s`` (a last state, not an exception, when time ran out)."""
+        deadline = time.monotonic() + wait_s
+        job = self.get_job(job_id)
+        while job.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = self.get_job(job_id)
+        return job

@@ -1,0 +1,128 @@
+"""The evaluation loop: problems × samples, each problem's samples scored as one group in the
+local sandboxed evaluator, one JSON line per sample appended as soon as its problem is done.
+
+Resumable: a rerun with the same ``--out`` reads ``samples.jsonl`` first and generates and
+scores only the samples that are not there. The harness times itself: per sample, the wall time
+of its problem minus generation and evaluation, shared equally by the problem's new samples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from coder_svc.best_of_n import LocalScorer, score_drafts
+from coder_svc.models.base import KernelBackend, KernelGenerator, Sampling
+from services.schemas.reward import ScoreOptions
+
+SAMPLES_FILE = "samples.jsonl"
+LEVEL_DIR = re.compile(r"^level(\d+)$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str          # unique in the run: "level1/19_ReLU" or "19_ReLU" for a flat directory
+    level: int | None
+    path: Path
+
+
+def _order(path: Path) -> tuple[int, str]:
+    """KernelBench numbers its problems ("19_ReLU.py"): numeric order, then by name."""
+    number = re.match(r"^(\d+)", path.stem)
+    return (int(number.group(1)) if number else 1 << 30, path.stem)
+
+
+def discover(root: Path, levels: Iterable[int] | None = None, limit: int | None = None) -> list[Problem]:
+    """A KernelBench tree (``level1/``, ``level2/``, ...) or a flat directory of problem files.
+    ``limit`` keeps the first N problems of each level."""
+    level_dirs = sorted((int(m.group(1)), d) for d in root.iterdir() if d.is_dir() and (m := LEVEL_DIR.match(d.name)))
+    wanted = set(levels) if levels else None
+    groups: list[tuple[int | None, Path]] = [(n, d) for n, d in level_dirs if wanted is None or n in wanted] if level_dirs else [(None, root)]
+    problems = []
+    for level, directory in groups:
+        files = sorted((p for p in directory.glob("*.py") if not p.name.startswith("_")), key=_order)[:limit]
+        problems += [Problem(f"{directory.name}/{p.stem}" if level is not None else p.stem, level, p) for p in files]
+    return problems
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    path = out / SAMPLES_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interrupted run: its sample is redone
+    return records
+
+
+@dataclass
+class Harness:
+    generator: KernelGenerator
+    scorer: LocalScorer
+    backend: KernelBackend
+    samples: int
+    options: ScoreOptions
+    sampling: Sampling
+    out: Path
+
+    def run(self, problems: list[Problem], progress: Progress | None = None) -> list[dict[str, Any]]:
+        """Evaluate what is missing; return every record of these problems (old and new)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        done = {(r["problem"], r["sample"]) for r in load_records(self.out)}
+        todo = {p.id: [i for i in range(self.samples) if (p.id, i) not in done] for p in problems}
+        with progress or _progress() as bar:
+            task = bar.add_task("evaluating", total=len(problems) * self.samples,
+                                completed=sum(self.samples - len(m) for m in todo.values()))
+            for problem in problems:
+                if todo[problem.id]:
+                    bar.update(task, description=problem.id)
+                    self._evaluate(problem, todo[problem.id])
+                bar.advance(task, len(todo[problem.id]))
+        ids = {p.id for p in problems}
+        return [r for r in load_records(self.out) if r["problem"] in ids and r["sample"] < self.samples]
+
+    def _evaluate(self, problem: Problem, indices: list[int]) -> None:
+        started = time.perf_counter()
+        module = problem.path.read_text()
+        t0 = time.perf_counter()
+        drafts = self.generator.generate(module, self.backend, replace(self.sampling, n=len(indices)))[:len(indices)]
+        generation_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        reports, _ = score_drafts(module, drafts, self.scorer, self.options)
+        evaluation_s = time.perf_counter() - t0
+        records = []
+        for index, report in zip(indices, reports):
+            verdict = report.verdict
+            records.append({
+                "problem": problem.id, "level": problem.level, "sample": index, "model": report.model,
+                "status": verdict.status if verdict else "declined", "correct": bool(verdict and verdict.correct),
+                "reason": verdict.reason if verdict else (report.declined or "no code in the reply"),
+                "speedup": verdict.speedup if verdict else None, "runtime_ms": verdict.runtime_ms if verdict else None,
+                "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None, "device": verdict.device if verdict else None,
+                "kernel": report.source, "generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices),
+            })
+        # The generator may return fewer drafts than asked: the missing samples count as failures.
+        for index in indices[len(reports):]:
+            records.append({"problem": problem.id, "level": problem.level, "sample": index, "model": self.generator.name,
+                            "status": "declined", "correct": False, "reason": "the generator returned fewer samples than asked",
+                            "speedup": None, "runtime_ms": None, "ref_runtime_ms": None, "device": None, "kernel": None,
+                            "generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices)})
+        overhead_s = (time.perf_counter() - started - generation_s - evaluation_s) / len(indices)
+        lines = [json.dumps({**r, "overhead_s": overhead_s}) for r in records]
+        with (self.out / SAMPLES_FILE).open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), transient=False)

@@ -1,0 +1,41 @@
+"""Coder HTTP routes: thin: schema in, service function, schema out."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Response
+
+from coder_svc import service
+from services.auth import require_api_key
+from services.queue.jobs import JobNotFound
+from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+
+router = APIRouter(tags=["coder"], dependencies=[Depends(require_api_key)])
+
+
+@router.post("/kernels", response_model=KernelResponse, responses={202: {"model": KernelResponse}})
+def request_kernel(request: KernelRequest, response: Response) -> KernelResponse:
+    """Best-of-n kernel for a module. Waits up to ``wait_s`` for the result, else answers 202 with the job id."""
+    job = service.wait_for(service.submit(request).id, request.wait_s)
+    if job.status not in ("succeeded", "failed"):
+        response.status_code = 202
+    return service.kernel_response(job)
+
+
+@router.get("/kernels/{job_id}", response_model=KernelResponse)
+def read_kernel(job_id: str) -> KernelResponse:
+    """Status, the best verified kernel with its speedup, every candidate's verdict, the model."""
+    try:
+        return service.kernel_response(service.generation_job(job_id))
+    except JobNotFound:
+        raise HTTPException(404, f"no kernel job with id {job_id}") from None
+
+
+@router.get("/admin/model", response_model=ServingModel)
+def read_serving_model() -> ServingModel:
+    return service.serving_model()
+
+
+@router.post("/admin/model", response_model=ServingModel)
+def switch_serving_model(switch: ModelSwitch) -> ServingModel:
+    """Switch the serving model or LoRA adapter; workers apply it at their next job, no restart."""
+    return service.switch_model(switch)

@@ -1,0 +1,198 @@
+"""The Coder service's logic behind its routes and its Celery job: submit, generate, score, persist, switch models."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy import select, update
+
+from coder_svc.best_of_n import RewardServiceScorer, best_of_n
+from coder_svc.models.base import KernelGenerator, Sampling
+from services.clients.reward import RewardClient
+from services.config import Settings, get_settings
+from services.db.models import Candidate, Job, ModelVersion, Score, Task
+from services.db.session import session_scope
+from services.queue.jobs import JobNotFound, get_job, submit_job
+from services.queue.names import GENERATION
+from services.schemas.coder import KernelRequest, KernelResponse, KernelResult, ModelBackend, ModelSwitch, SamplingIn, ServingModel
+from services.schemas.reward import ScoreOptions
+
+log = structlog.get_logger(__name__)
+
+GENERATE_TASK = "coder.generate"
+TASK_ORIGIN = "coder-request"
+CODER_ROLE = "coder"
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+def submit(request: KernelRequest) -> Job:
+    """Queue a generation. The serving model version is part of the input: the same module asked
+    again after a model switch is a new job, asked again under the same model is the same job."""
+    version = serving_version()
+    payload = {**request.model_dump(exclude={"wait_s"}), "serving_version": version.id if version else None}
+    return submit_job(GENERATE_TASK, payload, GENERATION)
+
+
+def wait_for(job_id: str, wait_s: float) -> Job:
+    deadline = time.monotonic() + wait_s
+    job = get_job(job_id)
+    while job.status in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        job = get_job(job_id)
+    return job
+
+
+def kernel_response(job: Job) -> KernelResponse:
+    return KernelResponse(job_id=job.id, job_status=job.status, error=job.error,
+                          result=KernelResult.model_validate(job.result) if job.result else None)
+
+
+def generation_job(job_id: str) -> Job:
+    """A generation job by id; ``JobNotFound`` for unknown ids and for other services' jobs."""
+    job = get_job(job_id)
+    if job.kind != GENERATE_TASK:
+        raise JobNotFound(job_id)
+    return job
+
+
+def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The Celery job body: generate n candidates, score them over HTTP, link them to the task."""
+    request = KernelRequest.model_validate(payload)
+    settings = get_settings()
+    kind: ModelBackend = request.model_backend or settings.coder_model_backend
+    version = serving_version()  # read at the start of every job: an admin switch reaches the next job
+    generator = generators.get(kind, version)
+    ensure_task(request.module)  # first, so the reward service files its candidates under this origin
+    sampling = sampling_for(request.n, request.sampling, settings)
+    options = ScoreOptions(backend=request.backend, **request.scoring.model_dump())
+    with RewardClient() as client:
+        result = best_of_n(generator, request.module, request.backend, sampling,
+                           RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s), options)
+    if kind != "template" and version is not None:
+        result.model_version_id = version.id
+    if result.reward_job_id is not None:
+        link_candidates(result, job_id)
+    return result.model_dump()
+
+
+def sampling_for(n: int, requested: SamplingIn, settings: Settings) -> Sampling:
+    return Sampling(n=n, temperature=settings.coder_temperature if requested.temperature is None else requested.temperature,
+                    top_p=requested.top_p or settings.coder_top_p, max_tokens=requested.max_tokens or settings.coder_max_tokens,
+                    seed=requested.seed)
+
+
+# --- persistence ----------------------------------------------------------------------------
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def ensure_task(module: str) -> str:
+    """The module as a task (one row per source, whoever stored it first keeps its origin)."""
+    digest = _sha(module)
+    with session_scope() as session:
+        task = session.scalars(select(Task).where(Task.source_hash == digest)).first()
+        if task is None:
+            task = Task(source=module, source_hash=digest, origin=TASK_ORIGIN, status="reference")
+            session.add(task)
+            session.flush()
+        return task.id
+
+
+def link_candidates(result: KernelResult, coder_job_id: str) -> None:
+    """Add who wrote each candidate to the rows the reward service stored for this group (found
+    through the reward job id): no second copy of a candidate, one row per distinct source."""
+    drafts: dict[str, list[int]] = defaultdict(list)
+    for report in result.candidates:
+        if report.source is not None:
+            drafts[_sha(report.source)].append(report.index)
+    first = {digest: result.candidates[indices[0]] for digest, indices in drafts.items()}
+    with session_scope() as session:
+        rows = session.scalars(select(Candidate).join(Score).where(Score.job_id == result.reward_job_id)).all()
+        for row in rows:
+            report = first.get(row.source_hash)
+            if report is None:
+                continue
+            row.model_name = f"{report.model}@{report.model_version}" if report.model_version else report.model
+            row.model_version_id = result.model_version_id
+            row.details = {**(row.details or {}), "coder_job_id": coder_job_id, "draft_indices": drafts[row.source_hash],
+                           "generator": report.details}
+
+
+# --- serving model --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServingVersion:
+    id: str
+    name: str
+    base_model: str | None
+    adapter_path: str | None
+
+
+def serving_version() -> ServingVersion | None:
+    with session_scope() as session:
+        row = session.scalars(select(ModelVersion).where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
+                              .order_by(ModelVersion.created_at.desc())).first()
+        return ServingVersion(row.id, row.name, row.base_model, row.adapter_path) if row else None
+
+
+def switch_model(switch: ModelSwitch) -> ServingModel:
+    """Record the new serving version (the only one serving); workers pick it up at their next job."""
+    with session_scope() as session:
+        session.execute(update(ModelVersion).where(ModelVersion.role == CODER_ROLE).values(serving=False))
+        row = ModelVersion(role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path, serving=True)
+        session.add(row)
+        session.flush()
+        log.info("coder.model_switched", version=row.id, name=row.name, adapter=row.adapter_path)
+        return ServingModel(id=row.id, name=row.name, base_model=row.base_model, adapter_path=row.adapter_path,
+                            backend=get_settings().coder_model_backend, created_at=row.created_at)
+
+
+def serving_model() -> ServingModel:
+    settings = get_settings()
+    with session_scope() as session:
+        row = session.scalars(select(ModelVersion).where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
+                              .order_by(ModelVersion.created_at.desc())).first()
+        if row is not None:
+            return ServingModel(id=row.id, name=row.name, base_model=row.base_model, adapter_path=row.adapter_path,
+                                backend=settings.coder_model_backend, created_at=row.created_at)
+    return ServingModel(name=configured_model_name(settings), backend=settings.coder_model_backend,
+                        adapter_path=str(settings.coder_lora_path) if settings.coder_lora_path else None)
+
+
+def configured_model_name(settings: Settings) -> str:
+    configured = {"template": "template", "openai": settings.coder_model, "hf": settings.coder_hf_model_path}[settings.coder_model_backend]
+    return str(configured) if configured else "(the endpoint's first model)"
+
+
+class GeneratorCache:
+    """A worker's generators, one per backend, kept across jobs and brought in line with the
+    serving version when it changed (an adapter switch where the backend can, a rebuild otherwise)."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self._generators: dict[str, KernelGenerator] = {}
+        self._versions: dict[str, str | None] = {}
+
+    def get(self, kind: ModelBackend, version: ServingVersion | None) -> KernelGenerator:
+        from coder_svc.generators import build_generator  # model libraries load in the worker only
+
+        version_id = version.id if version else None
+        if kind not in self._generators:
+            self._generators[kind] = build_generator(kind, self.settings)
+            self._versions[kind] = None
+        if kind != "template" and self._versions[kind] != version_id and version is not None:
+            self._generators[kind] = apply_version(self._generators[kind], kind, version, self.settings)
+            log.info("coder.generator_adjusted", backend=kind, version=version_id, name=version.name)
+        self._versions[kind] = version_id
+        return self._generators[kind]
+
+
+def apply_version(generator: KernelGenerator, kind: ModelBackend, version: ServingVersion, settings: Settings) -> KernelGenerator:
+    raise NotImplementedError  # filled in against coder_svc.generators once it lands

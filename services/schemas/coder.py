@@ -1,0 +1,110 @@
+"""Coder API schemas: ask for a kernel, read the best one with every candidate's verdict, switch the model."""
+
+from __future__ import annotations
+
+import ast
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.schemas.reward import MAX_SOURCE_CHARS, VerdictOut
+
+ModelBackend = Literal["template", "openai", "hf"]
+KernelBackendName = Literal["cuda", "triton"]
+
+
+class SamplingIn(BaseModel):
+    """Unset fields take the service's defaults (``KZ_CODER_TEMPERATURE`` and friends)."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=16, le=65536)
+    seed: int | None = None
+
+
+class ScoringIn(BaseModel):
+    """How the reward service checks the candidates (the kernel backend comes from the request)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trials: int = Field(3, ge=1, le=20)
+    timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
+    measure_speed: bool = True
+
+
+class KernelRequest(BaseModel):
+    module: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS,
+                        description="KernelBench module: Model, get_inputs, get_init_inputs.")
+    backend: KernelBackendName = "triton"
+    n: int = Field(4, ge=1, le=64, description="Candidates to generate; the best verified one is returned.")
+    wait_s: float = Field(60.0, ge=0, le=600, description="How long to wait for the result before answering with the job id.")
+    model_backend: ModelBackend | None = Field(None, description="Override the service's model backend for this request.")
+    sampling: SamplingIn = SamplingIn()
+    scoring: ScoringIn = ScoringIn()
+
+    @field_validator("module")
+    @classmethod
+    def _kernelbench_module(cls, source: str) -> str:
+        """Parsed, never run: a module the reward service could not load is refused here with the reason."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            raise ValueError(f"module is not valid Python: {exc.msg} (line {exc.lineno})") from None
+        names = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+        missing = [name for name in ("Model", "get_inputs") if name not in names]
+        if missing:
+            raise ValueError(f"module must define {' and '.join(missing)} at top level (KernelBench format)")
+        return source
+
+
+class CandidateReport(BaseModel):
+    """One generated candidate: its source and verdict, or why there was nothing to score."""
+
+    index: int
+    model: str
+    model_version: str | None = None
+    source: str | None = None
+    declined: str | None = Field(None, description="Why the generator produced no kernel (not scored).")
+    verdict: VerdictOut | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class KernelResult(BaseModel):
+    correct: bool
+    kernel: str | None = Field(None, description="The best verified kernel's source; None when no candidate was correct.")
+    best_index: int | None = None
+    speedup: float | None = Field(None, description="None where speed was not measured (no GPU).")
+    reason: str
+    model: str
+    backend: KernelBackendName
+    candidates: list[CandidateReport]
+    correct_fraction: float
+    reward_job_id: str | None = None
+    model_version_id: str | None = Field(None, description="The serving model version the job used, if one was recorded.")
+
+
+class KernelResponse(BaseModel):
+    job_id: str
+    job_status: str
+    result: KernelResult | None = None
+    error: str | None = None
+
+
+class ModelSwitch(BaseModel):
+    """What the Coder serves next: a model, or a LoRA adapter on top of one."""
+
+    name: str = Field(..., min_length=1, max_length=200,
+                      description="Served model name (OpenAI-compatible endpoints) or the adapter's name.")
+    base_model: str | None = Field(None, max_length=500, description="Base model name or local path; default: the configured one.")
+    adapter_path: str | None = Field(None, max_length=1000, description="LoRA adapter directory, as the workers see it.")
+
+
+class ServingModel(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str | None = Field(None, description="None while no switch was recorded: the configured model serves.")
+    name: str
+    base_model: str | None = None
+    adapter_path: str | None = None
+    backend: ModelBackend
+    created_at: datetime | None = None
