@@ -68,6 +68,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reward_svc.nvcc_phases import compile_cu
+
 # Bump when the generated sources, flags or cache layout change: old cache entries then miss.
 STRATEGY_VERSION = "1"
 STDERR_TAIL_CHARS = 4000
@@ -779,13 +781,19 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
     else:
         cmd = [toolchain.cxx, *cpp_flags(request, toolchain)]
     started = time.perf_counter()
-    result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
+    if cuda:
+        result = _checked(compile_cu(cmd, source, work / f"{unit}.o", unit_dir), cmd)
+    else:
+        result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
     return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), result.stderr or result.stdout)
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run a compiler; one killed by a signal (OOM, a kill) says nothing about the source, so it raises."""
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    return _checked(subprocess.run(cmd, cwd=cwd, capture_output=True, text=True), cmd)
+
+
+def _checked(result: subprocess.CompletedProcess[str], cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """A compiler killed by a signal (OOM, a kill) says nothing about the source, so that raises."""
     if result.returncode < 0:
         raise RuntimeError(f"{os.path.basename(cmd[0])} was killed by signal {-result.returncode}")
     return result

@@ -6,6 +6,7 @@ slow run real compiles of torch-header sources (tens of seconds on a 2-core mach
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -193,3 +194,38 @@ def test_gpu_compile_load_run_then_cache_hit(tmp_path: Path) -> None:
     assert miss.ok and not miss.cache_hit and "link(" in miss.strategy
     assert hit.cache_hit and hit.seconds < 0.5
     torch.testing.assert_close(again.elementwise_add_cuda(a, b), a + b)
+
+
+@needs_nvcc
+def test_nvcc_front_ends_in_parallel_match_plain_nvcc(tmp_path: Path) -> None:
+    """The parallel plan is taken for a one-arch compile and yields the same kernel as nvcc -c."""
+    from reward_svc import nvcc_phases
+
+    nvcc = kzc._nvcc(kzc._cuda_home(cpp_extension))
+    source = tmp_path / "cuda.cu"
+    source.write_text(PLAIN_CUDA)
+    cmd = [nvcc, "-gencode=arch=compute_90,code=sm_90"]
+    dry = subprocess.run([*cmd, "-c", str(source), "-o", str(tmp_path / "x.o"), "--dryrun", "--keep", "--keep-dir", str(tmp_path)],
+                                     capture_output=True, text=True)
+    phases = nvcc_phases.parse_dryrun(dry.stdout + dry.stderr)
+    assert phases is not None and "--gen_module_id_file" not in " ".join(phases.host)
+    result = nvcc_phases.compile_cu(cmd, source, tmp_path / "par.o", tmp_path)
+    assert result.returncode == 0, result.stderr
+    symbols = subprocess.run(["nm", "-C", str(tmp_path / "par.o")], capture_output=True, text=True).stdout
+    assert "scale(float*, float)" in symbols
+
+
+@needs_nvcc
+def test_nvcc_parallel_plan_reports_compile_errors_like_nvcc(tmp_path: Path) -> None:
+    from reward_svc import nvcc_phases
+
+    source = tmp_path / "broken.cu"
+    source.write_text("__global__ void k(float* x) { x[0] = undefined_name; }\n")
+    result = nvcc_phases.compile_cu([kzc._nvcc(kzc._cuda_home(cpp_extension)), "-gencode=arch=compute_90,code=sm_90"], source, tmp_path / "b.o", tmp_path)
+    assert result.returncode != 0 and "undefined_name" in result.stderr
+
+
+def test_unknown_nvcc_plan_shape_falls_back() -> None:
+    from reward_svc.nvcc_phases import parse_dryrun
+
+    assert parse_dryrun("#$ gcc -E a.cu\n#$ ptxas a.ptx\n") is None
