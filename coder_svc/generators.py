@@ -1,0 +1,99 @@
+"""Kernel generators: an LLM behind the kernel prompt, or the deterministic template; and the factory.
+
+Model libraries (transformers, peft, the template's tracer) load only when their backend is built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from coder_svc.extract import extract_code
+from coder_svc.models.base import ChatModel, KernelBackend, KernelDraft, KernelGenerator, Sampling
+from coder_svc.prompts import kernel_messages, system_prompt_for
+from services.config import Settings, get_settings
+
+if TYPE_CHECKING:
+    from coder_svc.models.hf_local import HFChatModel
+    from coder_svc.models.openai_chat import OpenAIChatModel
+
+GeneratorKind = Literal["template", "openai", "hf"]
+ChatKind = Literal["openai", "hf"]
+
+
+class SwitchableChatModel(ChatModel, Protocol):
+    """Both LLM backends can change what they serve at runtime (POST /v1/admin/model)."""
+
+    def load_adapter(self, name: str, path: str) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def use_model(self, name: str) -> None: ...
+
+
+class LLMKernelGenerator:
+    """Prompt → ``n`` completions → extracted ``ModelNew`` sources, one draft per completion."""
+
+    def __init__(self, chat_model: ChatModel, settings: Settings | None = None) -> None:
+        self.chat_model = chat_model
+        self.settings = settings or get_settings()
+        self.name = f"llm:{chat_model.backend}"
+
+    def generate(self, module_source: str, backend: KernelBackend, sampling: Sampling) -> list[KernelDraft]:
+        messages = kernel_messages(module_source, backend, system_prompt_for(backend, self.settings))
+        drafts = []
+        for completion in self.chat_model.complete(messages, sampling):
+            source = extract_code(completion.text)
+            declined = None
+            if source is None:
+                declined = ("the reply was cut at max_tokens before a complete program defining ModelNew"
+                            if completion.finish_reason == "length" else "the reply holds no Python program defining ModelNew")
+            drafts.append(KernelDraft(
+                source=source, raw=completion.text, model=completion.model, model_version=completion.model_version,
+                declined=declined,
+                details={"generator": self.name, "prompt": messages, "finish_reason": completion.finish_reason}))
+        return drafts
+
+    def describe(self) -> dict[str, Any]:
+        return {"generator": self.name, **self.chat_model.describe()}
+
+
+def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None = None) -> None:
+    """Serve ``name`` from now on: a LoRA adapter loaded from ``adapter_path`` under that name, or
+    (no path) a model or adapter the backend already serves. The template generator has no model."""
+    chat_model: SwitchableChatModel | None = getattr(generator, "chat_model", None)
+    if chat_model is None:
+        raise ValueError(f"generator {generator.name!r} serves no model to switch")
+    if adapter_path is not None:
+        chat_model.load_adapter(name, adapter_path)
+    chat_model.use_model(name)
+
+
+def build_chat_model(kind: ChatKind, settings: Settings | None = None) -> OpenAIChatModel | HFChatModel:
+    settings = settings or get_settings()
+    if kind == "openai":
+        from coder_svc.models.openai_chat import OpenAIChatModel
+
+        key = settings.coder_openai_api_key
+        return OpenAIChatModel(settings.coder_openai_base_url, settings.coder_model,
+                               key.get_secret_value() if key else None, timeout_s=settings.coder_request_timeout_s,
+                               max_retries=settings.coder_max_retries, max_concurrency=settings.coder_max_concurrency)
+    if kind == "hf":
+        if settings.coder_hf_model_path is None:
+            raise ValueError("the hf backend needs KZ_CODER_HF_MODEL_PATH (a local Hugging Face model directory)")
+        from coder_svc.models.hf_local import HFChatModel
+
+        return HFChatModel(settings.coder_hf_model_path, settings.coder_lora_path)
+    raise ValueError(f"unknown chat model backend {kind!r}; expected openai or hf")
+
+
+def build_generator(kind: GeneratorKind | None = None, settings: Settings | None = None) -> KernelGenerator:
+    """The configured kernel generator (``KZ_CODER_MODEL_BACKEND``), or the one named by ``kind``."""
+    settings = settings or get_settings()
+    kind = kind or settings.coder_model_backend
+    if kind == "template":
+        from coder_svc.template import TemplateGenerator
+
+        return TemplateGenerator()
+    if kind in ("openai", "hf"):
+        return LLMKernelGenerator(build_chat_model(kind, settings), settings)
+    raise ValueError(f"unknown model backend {kind!r}; expected template, openai or hf")

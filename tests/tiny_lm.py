@@ -1,0 +1,54 @@
+"""A tiny causal LM built at test time (no hub here): a byte-level BPE tokenizer trained on a few
+lines, with a chat template and special tokens, and a 2-layer Llama with random weights; plus a
+LoRA adapter for it. Seconds to build, milliseconds per token on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+CORPUS = [
+    "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n",
+    "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n",
+    "def forward(self, x):\n    return torch.relu(x)\n",
+    "@triton.jit\ndef kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):\n    pid = tl.program_id(0)\n",
+    "You are an expert GPU kernel engineer. Write a fast custom kernel for the architecture.",
+    "```python\nprint('hello world')\n```\n",
+]
+
+
+def build_tiny_lm(directory: Path, vocab_size: int = 400, seed: int = 0) -> Path:
+    """Save a tokenizer and a random 2-layer Llama under ``directory``; return it."""
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|end|>", pad_token="<|pad|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def build_lora(model_dir: Path, directory: Path, seed: int) -> Path:
+    """A LoRA adapter with random (non-zero) weights, so it visibly changes the model's output."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    base = LlamaForCausalLM.from_pretrained(model_dir)
+    config = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(directory)
+    return directory
