@@ -116,3 +116,23 @@ def evaluate(
     write_report(records, samples, run, out)
     console.print((out / "summary.md").read_text())
     console.print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'summary.png'}; per-sample records in {out / 'samples.jsonl'}")
+
+
+@coder_app.command("serve")
+def serve(
+    model: Path = typer.Option(..., "--model", exists=True, file_okay=False, help="Local Hugging Face model directory."),
+    lora: Path | None = typer.Option(None, "--lora", exists=True, file_okay=False, help="LoRA adapter (peft) to serve on top."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    name: str | None = typer.Option(None, "--name", help="Served model name (default: the directory's name)."),
+) -> None:
+    """Serve a local model over the OpenAI chat-completions protocol (for the openai backend without vLLM)."""
+    import uvicorn
+
+    from coder_svc.models.hf_local import HFChatModel
+    from coder_svc.openai_server import create_openai_app
+
+    with console.status(f"loading {model}…"):
+        chat_model = HFChatModel(model, lora, name=name)
+    console.print(f"serving [bold]{chat_model.served_name}[/] ({chat_model.version}) at http://{host}:{port}/v1")
+    uvicorn.run(create_openai_app(chat_model), host=host, port=port, log_level="warning")
