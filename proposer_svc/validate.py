@@ -1,0 +1,330 @@
+"""The validation check a proposed module passes before it enters the task pool.
+
+Structure is checked here, on the AST only: the module is untrusted and is never imported in a
+service process. Everything else runs in a sandboxed child (``proposer_svc.validation_child``,
+started through the reward service's child pool): it loads, runs, gives finite output that is not
+near-constant, is deterministic, depends on the input seed, on every input and on the parameters,
+and its runtime lies within bounds. Duplicates are found by two hashes: the normalised source
+(docstrings, comments, annotations and formatting gone, identifiers renamed canonically) and the
+graph the child recorded (the aten ops with their shapes and dtypes).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from services.config import Settings, get_settings
+
+CHILD_ENTRY = "proposer_svc.validation_child"
+RULES = (
+    "structure", "load_error", "runtime_error", "timeout", "output_type", "nan_inf", "near_constant", "nondeterministic",
+    "seed_invariant", "input_unused", "parameters_unused", "too_fast", "too_slow", "duplicate",
+)
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: float | None = None  # None: KZ_PROPOSER_VALIDATION_TIMEOUT_S
+    min_ms: float | None = None  # None: the setting for the device; 0: no bound
+    max_ms: float | None = None
+    near_constant_rtol: float = 1e-5  # (max - min) / max|x| below this: near-constant
+    change_rtol: float = 1e-6  # an output "changes" when it moves by more than this share of its magnitude
+    nondeterminism_rtol: float = 1e-3  # two runs on the same inputs may differ by this much (GPU atomics)
+    timed_runs: int = 3  # CPU: median of at least this many forward passes after the warm-up pass
+    gpu_timing_budget_s: float = 2.0
+    # Fixed seeds, so one module always yields the same graph hash (dedup) and the same verdict.
+    input_seeds: tuple[int, int] = (0, 1)
+    weight_seeds: tuple[int, int] = (0, 1)
+
+
+class ValidationResult(BaseModel):
+    valid: bool
+    reason: str = Field(description="In words, for humans.")
+    rule: str | None = Field(default=None, description="Machine name of the rule that rejected the module.")
+    source_hash: str | None = None
+    graph_hash: str | None = None
+    device: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- structure and the normalised source -------------------------------------------------------
+
+_FIXED_NAMES = {"Model", "forward", "get_inputs", "get_init_inputs", "__init__", "self", "super"}
+
+
+def check_structure(tree: ast.Module) -> str | None:
+    """Why the module is not a KernelBench-format task, or None."""
+    top = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    model = top.get("Model")
+    if not isinstance(model, ast.ClassDef):
+        return "the module defines no class Model"
+    for name in ("get_inputs", "get_init_inputs"):
+        if not isinstance(top.get(name), ast.FunctionDef):
+            return f"the module defines no function {name}()"
+    forward = next((n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        return "Model has no forward method"
+    args = forward.args
+    params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)][1:]  # [0] is self
+    params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    used = {n.id for n in ast.walk(forward) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    unused = [p for p in params if p not in used]
+    if unused:
+        return f"forward never uses its argument{'s' if len(unused) > 1 else ''} {', '.join(unused)}"
+    return None
+
+
+class _Canonical(ast.NodeTransformer):
+    """Renames what the module itself names (variables, arguments, functions, attributes of self,
+    import aliases) to v0, v1, ... in order of first appearance; drops docstrings and annotations."""
+
+    def __init__(self, defined: set[str], attributes: set[str]) -> None:
+        self.defined, self.attributes = defined, attributes
+        self.names: dict[str, str] = {}
+
+    def canonical(self, name: str) -> str:
+        return self.names.setdefault(name, f"v{len(self.names)}")
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in self.defined:
+            node.id = self.canonical(node.id)
+        return node
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.annotation = None
+        if node.arg in self.defined:
+            node.arg = self.canonical(node.arg)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.attributes:
+            node.attr = self.canonical("self." + node.attr)
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        if node.name in self.defined:
+            node.name = self.canonical(node.name)
+        node.returns = None
+        node.body = _without_docstring(node.body)
+        self.generic_visit(node)
+        return node
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+        if node.name in self.defined:
+            node.name = self.canonical(node.name)
+        node.body = _without_docstring(node.body)
+        self.generic_visit(node)
+        return node
+
+    def visit_alias(self, node: ast.alias) -> ast.AST:
+        if node.asname in self.defined:
+            node.asname = self.canonical(node.asname)
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return ast.Pass()
+        return self.visit(ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno))
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "super":
+            node.args = []  # super(Model, self) is super()
+        return node
+
+
+def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return body[1:] or [ast.Pass()]
+    return body
+
+
+def normalise_source(tree: ast.Module) -> str:
+    """The module's code without what does not change what it computes (comments, docstrings,
+    annotations, formatting, the names it chose)."""
+    defined: set[str] = set()
+    attributes: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            defined.add(node.id)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.alias) and node.asname:
+            defined.add(node.asname)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            attributes.add(node.attr)
+    defined -= _FIXED_NAMES | set(dir(builtins))
+    tree = _Canonical(defined, attributes).visit(tree)
+    tree.body = _without_docstring(tree.body)
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def source_hash(tree: ast.Module) -> str:
+    return hashlib.sha256(normalise_source(tree).encode()).hexdigest()
+
+
+# --- the sandboxed checks ----------------------------------------------------------------------
+
+
+class Validator:
+    """Validates modules in sandboxed children; keeps children warm while a batch runs."""
+
+    def __init__(self, options: ValidationOptions | None = None, settings: Settings | None = None,
+                 warm_children: int | None = None) -> None:
+        from reward_svc.evaluate import resolve_device
+        from reward_svc.sandbox import ChildPool, Layout
+
+        self.options = options or ValidationOptions()
+        self.settings = settings or get_settings()
+        self.device = resolve_device(self.options.device)
+        timeout = self.options.timeout_s or self.settings.proposer_validation_timeout_s
+        warm = self.settings.proposer_validation_warm_children if warm_children is None else warm_children
+        layout = Layout(self.settings.data_dir / "proposer" / "validation").create()
+        self.pool = ChildPool(self.settings, layout, self.device, timeout, warm, entry=CHILD_ENTRY)
+
+    def __enter__(self) -> Validator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _bound(self, given: float | None, kind: str) -> float | None:
+        value = given if given is not None else getattr(self.settings, f"proposer_{kind}_ms_{self.device}")
+        return value or None
+
+    def spec(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "min_ms": self._bound(o.min_ms, "min"), "max_ms": self._bound(o.max_ms, "max"),
+            "near_constant_rtol": o.near_constant_rtol, "change_rtol": o.change_rtol,
+            "nondeterminism_rtol": o.nondeterminism_rtol, "timed_runs": o.timed_runs,
+            "gpu_timing_budget_s": o.gpu_timing_budget_s,
+            "input_seeds": list(o.input_seeds), "weight_seeds": list(o.weight_seeds),
+        }
+
+    def static(self, source: str) -> ValidationResult | str:
+        """The verdict where the AST already decides it, else the normalised source's hash."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            return ValidationResult(valid=False, rule="structure", reason=f"not valid Python: {exc.msg} (line {exc.lineno})")
+        digest = source_hash(tree)
+        problem = check_structure(tree)
+        if problem:
+            return ValidationResult(valid=False, rule="structure", reason=problem, source_hash=digest)
+        return digest
+
+    def dynamic(self, source: str, digest: str) -> ValidationResult:
+        child = self.pool.take()
+        try:
+            path = child.workdir / "module.py"
+            path.write_text(source)
+            outcome, result = child.run({**self.spec(), "module_path": str(path)})
+        finally:
+            child.discard()
+        common = {"source_hash": digest, "device": self.device}
+        if result is None:
+            stderr = outcome.stderr.decode(errors="replace").strip().splitlines()[-3:]
+            details = {"stderr_tail": "\n".join(stderr)[-1500:], "isolation": outcome.isolation}
+            if outcome.timed_out:
+                return ValidationResult(valid=False, rule="timeout", details=details, **common,
+                                        reason=f"validation ran past the {self.pool.timeout_s:g} s limit and was killed")
+            return ValidationResult(valid=False, rule="runtime_error", details=details, **common,
+                                    reason=f"the module's process ended without a result: {outcome.describe()}")
+        result["details"]["isolation"] = outcome.isolation
+        return ValidationResult(**result, **common)
+
+    def validate(self, source: str) -> ValidationResult:
+        verdict = self.static(source)
+        return verdict if isinstance(verdict, ValidationResult) else self.dynamic(source, verdict)
+
+    def validate_many(self, sources: Sequence[str], known_hashes: Iterable[str] = (), parallel: int = 1,
+                      on_result: Callable[[int, ValidationResult], None] | None = None) -> list[ValidationResult]:
+        """One verdict per source, in order. A module whose normalised source or graph equals a
+        known hash or an earlier valid module of the batch is a duplicate; source duplicates are
+        caught before any child runs."""
+        known = set(known_hashes)
+        first_source: dict[str, int] = {}
+        results: list[ValidationResult | None] = [None] * len(sources)
+        pending: list[tuple[int, str]] = []
+        for i, source in enumerate(sources):
+            verdict = self.static(source)
+            if isinstance(verdict, str):
+                if verdict in known:
+                    verdict = _duplicate(verdict, "a known task has the same normalised source")
+                elif verdict in first_source:
+                    verdict = _duplicate(verdict, f"same normalised source as module #{first_source[verdict]} of this batch")
+                else:
+                    first_source[verdict] = i
+                    pending.append((i, verdict))
+                    continue
+            results[i] = verdict
+            if on_result:
+                on_result(i, verdict)
+
+        lock = threading.Lock()
+        first_graph: dict[str, int] = {}
+        done: dict[int, ValidationResult] = {}
+        next_to_judge = iter([i for i, _ in pending])
+        waiting = next(next_to_judge, None)
+
+        def run_one(item: tuple[int, str]) -> None:
+            nonlocal waiting
+            i, digest = item
+            verdict = self.dynamic(sources[i], digest)
+            with lock:
+                done[i] = verdict
+                # Graph duplicates are judged in batch order, so "the first one wins" does not
+                # depend on which child finished first.
+                while waiting is not None and waiting in done:
+                    j, v = waiting, done.pop(waiting)
+                    if v.valid and v.graph_hash:
+                        if v.graph_hash in known:
+                            v = _duplicate(v.source_hash, "a known task computes the same op graph", v)
+                        elif v.graph_hash in first_graph:
+                            v = _duplicate(v.source_hash, f"computes the same op graph as module #{first_graph[v.graph_hash]} of this batch", v)
+                        else:
+                            first_graph[v.graph_hash] = j
+                    results[j] = v
+                    if on_result:
+                        on_result(j, v)
+                    waiting = next(next_to_judge, None)
+
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as executor:
+            list(executor.map(run_one, pending))
+        return [r for r in results if r is not None]
+
+
+def _duplicate(digest: str | None, why: str, ran: ValidationResult | None = None) -> ValidationResult:
+    base = ran.model_dump() if ran else {"source_hash": digest}
+    base.update(valid=False, rule="duplicate", reason=f"duplicate: {why}")
+    return ValidationResult(**base)
+
+
+def validate_module(source: str, options: ValidationOptions | None = None, settings: Settings | None = None) -> ValidationResult:
+    with Validator(options, settings, warm_children=0) as validator:
+        return validator.validate(source)
+
+
+def validate_modules(sources: Sequence[str], options: ValidationOptions | None = None, known_hashes: Iterable[str] = (),
+                     settings: Settings | None = None, parallel: int = 1,
+                     on_result: Callable[[int, ValidationResult], None] | None = None) -> list[ValidationResult]:
+    with Validator(options, settings) as validator:
+        return validator.validate_many(sources, known_hashes, parallel, on_result)

@@ -1,0 +1,298 @@
+"""Entry point of a sandboxed validation child: ``python -m proposer_svc.validation_child WORKDIR DEVICE``.
+
+A proposed module is untrusted code: this process imports it, runs it and checks that it is a
+task worth posing (it runs, no NaN/Inf, not constant, deterministic, its output depends on every
+input, on the input seed and on the parameters, its runtime lies within bounds). It is started
+by the reward service's child pool (warm-up first, then one job from stdin) and writes
+``result.json``: ``{"valid", "rule", "reason", "graph_hash", "details"}``. The first failed
+check decides the rule; ``details`` keeps the numbers gathered up to then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reward_svc.harness import tensors
+from reward_svc.harness.child import warm_up
+from reward_svc.harness.instrument import OpRecorder
+from reward_svc.harness.loading import import_file
+from reward_svc.harness.reference import build_model, make_init_inputs
+
+
+class Rejected(Exception):
+    def __init__(self, rule: str, reason: str) -> None:
+        super().__init__(reason)
+        self.rule, self.reason = rule, reason
+
+
+class GraphRecorder(OpRecorder):
+    """Also hashes the op sequence with each op's tensor shapes and dtypes: identical for two
+    modules that compute the same graph whatever their identifiers, source layout or constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digest = hashlib.sha256()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        signature = [(tuple(t.shape), str(t.dtype)) for t in tensors.tensors_in((args, kwargs or {}))]
+        self.digest.update(f"{func}{signature};".encode())
+        self.ops += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _failure(exc: BaseException, during: str) -> Rejected:
+    text = str(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
+        return Rejected("runtime_error", f"ran out of memory {during}")
+    return Rejected("runtime_error", f"{type(exc).__name__} {during}: {text}"[:1000])
+
+
+def _guarded(during: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except BaseException as exc:  # SystemExit too: the module must not end the check
+        raise _failure(exc, during) from exc
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _scale(outputs: list[torch.Tensor]) -> float:
+    values = [float(t.abs().max()) for t in outputs if t.numel() and (t.is_floating_point() or t.is_complex())]
+    return max(values, default=0.0)
+
+
+def relative_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Largest elementwise difference relative to the outputs' magnitude; inf for a changed shape,
+    dtype or integer value."""
+    if len(a) != len(b):
+        return float("inf")
+    scale = max(_scale(a), _scale(b), 1e-30)
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return float("inf")
+        if x.numel() == 0:
+            continue
+        if x.is_floating_point() or x.is_complex():
+            worst = max(worst, float((x - y).abs().max()) / scale)
+        elif not torch.equal(x, y):
+            return float("inf")
+    return worst
+
+
+def _constant_reason(outputs: list[torch.Tensor], rtol: float) -> str | None:
+    for k, t in enumerate(outputs):
+        if t.numel() < 2:
+            continue  # a scalar (a loss) is judged by how it varies across seeds instead
+        flat = t.reshape(-1)
+        if bool((flat == flat[0]).all()):
+            return f"every one of the {t.numel()} values of output {k} equals {flat[0].item():.6g}"
+        if t.is_floating_point():
+            hi, lo = float(flat.max()), float(flat.min())
+            spread = (hi - lo) / max(abs(hi), abs(lo))
+            if spread < rtol:
+                return f"output {k} is near-constant: its values span {spread:.2e} of their magnitude (< {rtol:g})"
+    return None
+
+
+def _perturbed(original: torch.Tensor, resampled: torch.Tensor, seed: int) -> torch.Tensor | None:
+    """Another value for one input: a fresh draw from get_inputs(), or noise where that input does
+    not depend on the seed; None where there is no meaningful way to change it (fixed integers)."""
+    if not tensors.same_bits(original, resampled):
+        return resampled
+    if original.is_floating_point():
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        noise = torch.randn(original.shape, generator=generator, dtype=torch.float32).to(original.device, original.dtype)
+        return original + noise * (0.1 * float(original.abs().mean()) + 0.1)
+    if original.dtype == torch.bool:
+        return ~original
+    return None
+
+
+class Checker:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.device: str = spec["device"]
+        self.details: dict[str, Any] = {}
+        self.timings_ms: list[float] = []
+
+    def forward(self, model: torch.nn.Module, inputs: list[Any], during: str, timed: bool = True) -> list[torch.Tensor]:
+        def call() -> Any:
+            with torch.no_grad():
+                return model(*tensors.clone(inputs))  # clone: a module that mutates its inputs changes nothing here
+
+        _sync(self.device)
+        start = time.perf_counter()
+        output = _guarded(during, call)
+        _sync(self.device)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        if timed:
+            self.timings_ms.append(elapsed_ms)
+            max_ms = self.spec.get("max_ms")
+            if max_ms and elapsed_ms > 3 * max_ms:  # hopeless: stop before the remaining passes
+                self.details["runtime_ms"] = elapsed_ms
+                raise Rejected("too_slow", f"one forward pass took {elapsed_ms:.1f} ms, far above the {max_ms:g} ms bound")
+        outs = tensors.tensors_in(output)
+        if not outs:
+            raise Rejected("output_type", f"forward returned no tensor ({type(output).__name__})")
+        return outs
+
+    def inputs(self, module: Any, seed: int) -> list[Any]:
+        def draw() -> list[Any]:
+            torch.manual_seed(seed)
+            return list(module.get_inputs())
+
+        return tensors.to_device(_guarded("in get_inputs()", draw), self.device)
+
+    def model(self, module: Any, weight_seed: int) -> torch.nn.Module:
+        init = _guarded("in get_init_inputs()", lambda: make_init_inputs(module, weight_seed))
+        model = _guarded("building Model", lambda: build_model(module, "Model", weight_seed, self.device, init))
+        if not isinstance(model, torch.nn.Module):
+            raise Rejected("structure", f"Model is not a torch.nn.Module ({type(model).__name__})")
+        return model
+
+    def run(self) -> None:
+        spec, d = self.spec, self.details
+        module = _guarded_load(Path(spec["module_path"]))
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(module, name):
+                raise Rejected("structure", f"the module defines no {name} when run")
+        seed_a, seed_b = spec["input_seeds"]
+        weight_a, weight_b = spec["weight_seeds"]
+        model = self.model(module, weight_a)
+        d["parameters"] = sum(p.numel() for p in model.parameters())
+        base = self.inputs(module, seed_a)
+        d["input_shapes"] = [list(t.shape) if isinstance(t, torch.Tensor) else repr(t)[:50] for t in base]
+        d["input_dtypes"] = [str(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__ for t in base]
+
+        recorder = GraphRecorder()
+        with recorder:  # the first pass also warms up
+            out = self.forward(model, base, "in forward", timed=False)
+        d["output_shapes"] = [list(t.shape) for t in out]
+        d["output_dtypes"] = [str(t.dtype) for t in out]
+        d["ops"] = recorder.ops
+        d["compute_ops"] = {name: v["calls"] for name, v in recorder.compute_ops().items()}
+        recorder.digest.update(json.dumps([d["input_shapes"], d["output_shapes"], d["output_dtypes"]]).encode())
+        graph_hash = recorder.digest.hexdigest()
+        d["graph_hash"] = graph_hash
+
+        nonfinite = sum(int((~torch.isfinite(t)).sum()) for t in out if t.is_floating_point() or t.is_complex())
+        if nonfinite:
+            total = sum(t.numel() for t in out)
+            raise Rejected("nan_inf", f"{nonfinite} of {total} output values are NaN or Inf")
+        constant = _constant_reason(out, spec["near_constant_rtol"])
+        if constant:
+            raise Rejected("near_constant", constant)
+
+        noise = relative_change(out, self.forward(model, base, "in forward (second run)"))
+        d["nondeterminism"] = noise
+        if noise > spec["nondeterminism_rtol"]:
+            raise Rejected("nondeterministic", f"two runs on the same inputs differ by {noise:.2e} of the output's magnitude")
+        threshold = max(spec["change_rtol"], 2 * noise)
+
+        other = self.inputs(module, seed_b)
+        if all(tensors.same_bits(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(base, other)):
+            raise Rejected("seed_invariant", "get_inputs() returns the same inputs for every seed")
+        change = relative_change(out, self.forward(model, other, "in forward (inputs of another seed)"))
+        d["seed_change"] = change
+        if change <= threshold:
+            raise Rejected("seed_invariant", f"the output is the same for inputs drawn with different seeds (change {change:.2e})")
+
+        tensor_slots = [i for i, t in enumerate(base) if isinstance(t, torch.Tensor)]
+        if len(tensor_slots) > 1:  # with one input the seed check above already covered it
+            for i in tensor_slots:
+                replacement = _perturbed(base[i], other[i], seed_b + i)
+                if replacement is None:
+                    continue
+                changed_inputs = list(base)
+                changed_inputs[i] = replacement
+                change = relative_change(out, self.forward(model, changed_inputs, f"in forward (input {i} changed)"))
+                if change <= threshold:
+                    raise Rejected("input_unused", f"the output does not change when input {i} "
+                                                   f"(shape {d['input_shapes'][i]}) changes (change {change:.2e})")
+
+        if d["parameters"]:
+            other_model = self.model(module, weight_b)
+            with torch.no_grad():
+                for (name, p), q in zip(model.named_parameters(), other_model.parameters()):
+                    fresh = _perturbed(p, q, weight_b) if p.shape == q.shape else None
+                    if fresh is not None and fresh is not q:
+                        q.copy_(fresh)  # deterministic initialisers (norm weights, zero biases) get noise
+            change = relative_change(out, self.forward(other_model, base, "in forward (re-initialised parameters)"))
+            d["parameter_change"] = change
+            if change <= threshold:
+                raise Rejected("parameters_unused", f"the output does not change when the {d['parameters']} parameters "
+                                                    f"are re-initialised (change {change:.2e})")
+            del other_model
+
+        self.time(model, base)
+
+    def time(self, model: torch.nn.Module, base: list[Any]) -> None:
+        spec, d = self.spec, self.details
+        if self.device == "cuda":
+            from reward_svc.harness.timing import time_gpu
+
+            with torch.no_grad():
+                timing = _guarded("while timing", lambda: time_gpu(lambda: model(*base), budget_s=spec["gpu_timing_budget_s"]))
+            runtime = timing["median_ms"]
+        else:
+            while len(self.timings_ms) < spec["timed_runs"]:
+                self.forward(model, base, "in forward (timing)")
+            runtime = statistics.median(self.timings_ms)
+        d["runtime_ms"] = runtime
+        d["timing_runs"] = len(self.timings_ms) if self.device != "cuda" else timing["samples"]
+        if spec.get("max_ms") and runtime > spec["max_ms"]:
+            raise Rejected("too_slow", f"median runtime {runtime:.2f} ms is above the {spec['max_ms']:g} ms bound")
+        if spec.get("min_ms") and runtime < spec["min_ms"]:
+            raise Rejected("too_fast", f"median runtime {runtime:.4f} ms is below the {spec['min_ms']:g} ms bound")
+
+
+def _guarded_load(path: Path) -> Any:
+    try:
+        return import_file(path, "kz_proposed")
+    except BaseException as exc:
+        raise Rejected("load_error", f"importing the module raised {type(exc).__name__}: {exc}"[:1000]) from exc
+
+
+def check(spec: dict[str, Any]) -> dict[str, Any]:
+    checker = Checker(spec)
+    try:
+        checker.run()
+        result = {"valid": True, "rule": None, "reason": "passed every check"}
+    except Rejected as rejection:
+        result = {"valid": False, "rule": rejection.rule, "reason": rejection.reason}
+        if rejection.__cause__ is not None:
+            checker.details["traceback"] = "".join(traceback.format_exception(rejection.__cause__)[-4:])[-1500:]
+    details = checker.details
+    return {**result, "graph_hash": details.pop("graph_hash", None), "details": details}
+
+
+def main() -> None:
+    workdir, device = Path(sys.argv[1]), sys.argv[2]
+    warm_up(device)
+    print("ready", flush=True)
+    spec = json.loads(sys.stdin.readline())
+    result = check({**spec, "device": device})
+    (workdir / "result.json").write_text(json.dumps(result, default=str))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no finalizers: nothing the module scheduled runs after the result is written
+
+
+if __name__ == "__main__":
+    main()
