@@ -6,6 +6,7 @@ import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -195,4 +196,13 @@ class GeneratorCache:
 
 
 def apply_version(generator: KernelGenerator, kind: ModelBackend, version: ServingVersion, settings: Settings) -> KernelGenerator:
-    raise NotImplementedError  # filled in against coder_svc.generators once it lands
+    """Serve ``version`` with this backend: a local model at another path is loaded anew; an
+    adapter is loaded at runtime (peft, or vLLM's LoRA endpoint) and made the served model."""
+    from coder_svc.generators import build_generator, switch_model
+
+    if kind == "hf":
+        target = Path(version.base_model) if version.base_model else settings.coder_hf_model_path
+        if getattr(getattr(generator, "chat_model", None), "model_path", None) != target:
+            generator = build_generator("hf", settings.model_copy(update={"coder_hf_model_path": target, "coder_lora_path": None}))
+    switch_model(generator, version.name, version.adapter_path)
+    return generator

@@ -56,13 +56,17 @@ def load_records(out: Path) -> list[dict[str, Any]]:
     path = out / SAMPLES_FILE
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interrupted run: its sample is redone
-    return records
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def drop_partial_line(path: Path) -> None:
+    """A run killed mid-write leaves a line without its newline: cut it, so its samples are redone
+    and the next append starts on a fresh line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[:data.rfind(b"\n") + 1])
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Harness:
     def run(self, problems: list[Problem], progress: Progress | None = None) -> list[dict[str, Any]]:
         """Evaluate what is missing; return every record of these problems (old and new)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        drop_partial_line(self.out / SAMPLES_FILE)
         done = {(r["problem"], r["sample"]) for r in load_records(self.out)}
         todo = {p.id: [i for i in range(self.samples) if (p.id, i) not in done] for p in problems}
         with progress or _progress() as bar:

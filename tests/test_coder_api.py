@@ -1,0 +1,120 @@
+"""The Coder API end to end: real uvicorn servers for the coder and the reward service, real Celery
+workers for both (the coder worker scores over HTTP), real Redis, SQLite; the template generator."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from services.config import Settings
+from services.db.models import Candidate, ModelVersion, Score, Task
+from services.db.session import session_scope
+from reward_cases import RELU_REFERENCE
+from tiny_lm import build_lora, build_tiny_lm
+
+
+@contextmanager
+def serve(app: str, port: int) -> Iterator[str]:
+    """uvicorn as ``kernelzero up`` runs it, until its readiness check answers."""
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--port", str(port)], env=dict(os.environ),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.fixture
+def coder_api(platform_env: Callable[..., Settings], start_worker, free_port, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    reward_port, coder_port = free_port(), free_port()
+    platform_env(auth_enabled="false", reward_warm_children=1, reward_port=reward_port, coder_port=coder_port)
+    start_worker("reward")
+    # The hf backend is built only when a job asks for it; the switch test writes the model there first.
+    start_worker("coder", coder_hf_model_path=tmp_path / "tiny-lm")
+    with serve("reward_svc.api:app", reward_port), serve("coder_svc.api:app", coder_port) as url:
+        yield url
+
+
+def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:
+    body = {"module": RELU_REFERENCE, "backend": "triton", "n": 2, "wait_s": 150, "scoring": {"device": "cpu"}}
+    response = httpx.post(f"{coder_api}/v1/kernels", json=body, timeout=180)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["job_status"] == "succeeded", data
+    result = data["result"]
+    assert result["correct"] is True and "@triton.jit" in result["kernel"] and "class ModelNew" in result["kernel"]
+    assert result["speedup"] is None  # CPU: speed not measured, never invented
+    assert result["model"] == "template" and result["reward_job_id"]
+    assert len(result["candidates"]) == 2
+    assert all(c["verdict"]["status"] == "correct" and c["verdict"]["reason"] for c in result["candidates"])
+
+    again = httpx.get(f"{coder_api}/v1/kernels/{data['job_id']}", timeout=10).json()
+    assert again["result"] == result
+
+    distinct = {c["source"] for c in result["candidates"]}
+    with session_scope() as session:
+        task = session.scalars(select(Task).where(Task.source == RELU_REFERENCE)).one()
+        rows = session.scalars(select(Candidate).join(Score).where(Score.job_id == result["reward_job_id"])).all()
+        assert task.origin == "coder-request"
+        assert len(rows) == len(distinct)  # the reward service's rows, annotated, not a second copy
+        assert all(r.task_id == task.id and r.model_name == "template" for r in rows)
+        assert all(r.details["coder_job_id"] == data["job_id"] for r in rows)
+        assert sorted(i for r in rows for i in r.details["draft_indices"]) == [0, 1]
+
+
+def test_bad_input_and_unknown_ids(coder_api: str) -> None:
+    bad = [({"module": "def get_inputs():\n    return []\n"}, "Model"),
+           ({"module": "class Model(:\n"}, "not valid Python"),
+           ({"module": RELU_REFERENCE, "n": 0}, "n"),
+           ({"module": RELU_REFERENCE, "backend": "opencl"}, "backend"),
+           ({"module": RELU_REFERENCE, "model_backend": "gpt"}, "model_backend")]
+    for body, word in bad:
+        response = httpx.post(f"{coder_api}/v1/kernels", json=body, timeout=10)
+        assert response.status_code == 422, (body, response.text)
+        assert word in response.text
+    assert httpx.get(f"{coder_api}/v1/kernels/nope", timeout=10).status_code == 404
+    probe = httpx.post(f"{coder_api}/v1/probe", json={"token": "t"}, timeout=10).json()
+    assert httpx.get(f"{coder_api}/v1/kernels/{probe['id']}", timeout=10).status_code == 404  # a job, but not a kernel job
+    assert httpx.post(f"{coder_api}/v1/admin/model", json={"adapter_path": "/x"}, timeout=10).status_code == 422
+
+
+def test_model_switch_reaches_the_next_job(coder_api: str, tmp_path: Path) -> None:
+    default = httpx.get(f"{coder_api}/v1/admin/model", timeout=10).json()
+    assert default["id"] is None and default["backend"] == "template"
+    model_dir = build_tiny_lm(tmp_path / "tiny-lm")
+    adapters = {name: build_lora(model_dir, tmp_path / name, seed=i) for i, name in enumerate(("lora-a", "lora-b"))}
+    body = {"module": RELU_REFERENCE, "n": 1, "wait_s": 120, "model_backend": "hf",
+            "sampling": {"max_tokens": 16, "seed": 0}, "scoring": {"device": "cpu"}}
+    seen = []
+    for name, path in adapters.items():
+        switched = httpx.post(f"{coder_api}/v1/admin/model", json={"name": name, "adapter_path": str(path)}, timeout=10).json()
+        assert switched["name"] == name and switched["id"]
+        assert httpx.get(f"{coder_api}/v1/admin/model", timeout=10).json()["id"] == switched["id"]
+        response = httpx.post(f"{coder_api}/v1/kernels", json=body, timeout=150).json()
+        assert response["job_status"] == "succeeded", response
+        result = response["result"]
+        assert result["model_version_id"] == switched["id"]
+        assert result["candidates"][0]["model"] == name  # the worker switched its loaded model to the adapter
+        seen.append(response["job_id"])
+    assert seen[0] != seen[1]  # same request under another model is another job
+    with session_scope() as session:
+        serving = session.scalars(select(ModelVersion).where(ModelVersion.role == "coder", ModelVersion.serving.is_(True))).all()
+        assert [v.name for v in serving] == ["lora-b"]

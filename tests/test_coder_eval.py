@@ -1,0 +1,142 @@
+"""``kernelzero eval`` and ``kernelzero generate`` with the template generator, scored in the local
+sandbox under the Triton interpreter: reports written, metrics consistent, an interrupted run resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from coder_svc.evaluation.harness import discover
+from services.config import Settings
+
+KERNELZERO = str(Path(sys.executable).with_name("kernelzero"))
+
+HEADER = "import torch\nimport torch.nn as nn\n\n\n"
+PROBLEMS = {
+    "1_ReLU.py": HEADER + '''class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(8, 256)]
+
+
+def get_init_inputs():
+    return []
+''',
+    "2_Softmax.py": HEADER + '''class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(8, 128)]
+
+
+def get_init_inputs():
+    return []
+''',
+    "3_Matmul.py": HEADER + '''class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def get_inputs():
+    return [torch.randn(16, 32), torch.randn(32, 16)]
+
+
+def get_init_inputs():
+    return []
+''',
+}
+
+
+@pytest.fixture
+def problems(kz_env: Callable[..., Settings], tmp_path: Path) -> Path:
+    kz_env(reward_warm_children=1)
+    root = tmp_path / "problems"
+    root.mkdir()
+    for name, source in PROBLEMS.items():
+        (root / name).write_text(source)
+    return root
+
+
+def _eval(problems: Path, out: Path, samples: int = 2) -> subprocess.Popen[str]:
+    return subprocess.Popen([KERNELZERO, "eval", "--problems", str(problems), "--backend", "triton", "--samples", str(samples),
+                             "--model-backend", "template", "--device", "cpu", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+
+
+def _lines(out: Path) -> list[str]:
+    path = out / "samples.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_eval_reports_and_resumes(problems: Path, tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    first = _eval(problems, out)
+    deadline = time.monotonic() + 240
+    while len(_lines(out)) < 2 and first.poll() is None and time.monotonic() < deadline:  # the first problem is done
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # interrupted mid-run
+    first.wait()
+    before = _lines(out)
+    assert 2 <= len(before) < 6, "the run should have been cut short after its first problem"
+
+    second = _eval(problems, out)
+    stdout, stderr = second.communicate(timeout=300)
+    assert second.returncode == 0, stderr[-3000:]
+    after = _lines(out)
+    assert after[:len(before)] == before  # finished samples were kept, not redone
+    records = [json.loads(line) for line in after]
+    assert sorted((r["problem"], r["sample"]) for r in records) == [(p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)]
+
+    summary = json.loads((out / "summary.json").read_text())
+    by_problem = {r["problem"]: r for r in records}
+    assert by_problem["1_ReLU"]["correct"] is True and by_problem["1_ReLU"]["kernel"]
+    assert by_problem["3_Matmul"]["status"] == "declined" and by_problem["3_Matmul"]["reason"]
+    overall = summary["levels"]["all problems"]
+    solved = {r["problem"] for r in records if r["correct"]}
+    assert overall["solved"] == sorted(solved)
+    assert overall["pass_at_k"]["1"] == pytest.approx(sum(r["correct"] for r in records) / 6)
+    assert overall["pass_at_k"]["2"] == pytest.approx(len(solved) / 3)
+    assert overall["fast_p"]["0.0"] == pytest.approx(overall["pass_at_k"]["1"])
+    assert overall["fast_p"]["1.0"] is None and overall["geomean_speedup"] is None  # CPU: speed not measured
+    timing = summary["timing_per_sample_s"]
+    assert 0 <= timing["harness_overhead_mean"] < timing["evaluation_mean"]
+    table = (out / "summary.md").read_text()
+    assert "| all problems | 3 | 6 |" in table and "pass@2" in table and "fast_1.5" in table
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_discover_kernelbench_tree(tmp_path: Path) -> None:
+    for level, names in {1: ["10_B.py", "2_A.py", "1_C.py"], 2: ["1_D.py"], 3: ["1_E.py"]}.items():
+        (tmp_path / f"level{level}").mkdir()
+        for name in names:
+            (tmp_path / f"level{level}" / name).write_text("")
+    found = discover(tmp_path, levels=[1, 2], limit=2)
+    assert [(p.id, p.level) for p in found] == [("level1/1_C", 1), ("level1/2_A", 1), ("level2/1_D", 2)]
+
+
+def test_generate_json(problems: Path) -> None:
+    outputs = {}
+    for name in ("1_ReLU.py", "3_Matmul.py"):
+        run = subprocess.run([KERNELZERO, "generate", str(problems / name), "--backend", "triton", "-n", "2",
+                              "--model-backend", "template", "--device", "cpu", "--json"],
+                             capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-3000:]
+        outputs[name] = json.loads(run.stdout)
+    relu, matmul = outputs["1_ReLU.py"], outputs["3_Matmul.py"]
+    assert relu["correct"] is True and "@triton.jit" in relu["kernel"] and relu["speedup"] is None and relu["reason"]
+    assert [v["status"] for v in relu["verdicts"]] == ["correct", "correct"]
+    assert matmul["correct"] is False and matmul["kernel"] is None
+    assert matmul["reason"].startswith("no candidate to score") and all(v["status"] == "declined" for v in matmul["verdicts"])
