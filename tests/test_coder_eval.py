@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from coder_svc.evaluation.harness import discover
+from coder_svc.evaluation.report import write_report
 from services.config import Settings
 
 KERNELZERO = str(Path(sys.executable).with_name("kernelzero"))
@@ -87,7 +88,8 @@ def test_eval_reports_and_resumes(problems: Path, tmp_path: Path) -> None:
     deadline = time.monotonic() + 240
     while len(_lines(out)) < 2 and first.poll() is None and time.monotonic() < deadline:  # the first problem is done
         time.sleep(0.05)
-    os.killpg(first.pid, signal.SIGKILL)  # interrupted mid-run
+    if first.poll() is None:
+        os.killpg(first.pid, signal.SIGKILL)  # interrupted mid-run
     first.wait()
     before = _lines(out)
     assert 2 <= len(before) < 6, "the run should have been cut short after its first problem"
@@ -140,3 +142,24 @@ def test_generate_json(problems: Path) -> None:
     assert [v["status"] for v in relu["verdicts"]] == ["correct", "correct"]
     assert matmul["correct"] is False and matmul["kernel"] is None
     assert matmul["reason"].startswith("no candidate to score") and all(v["status"] == "declined" for v in matmul["verdicts"])
+
+
+def test_report_with_measured_speedups(tmp_path: Path) -> None:
+    """As on a GPU: two levels, speedups measured; the table and the plot's fast_p curve."""
+    def record(problem: str, level: int, sample: int, correct: bool, speedup: float | None) -> dict[str, object]:
+        return {"problem": problem, "level": level, "sample": sample, "status": "correct" if correct else "incorrect",
+                "correct": correct, "speedup": speedup, "generation_s": 0.5, "evaluation_s": 2.0, "overhead_s": 0.01}
+
+    records = [record("level1/1_A", 1, 0, True, 2.0), record("level1/1_A", 1, 1, False, None),
+               record("level1/2_B", 1, 0, True, 0.5), record("level1/2_B", 1, 1, True, 1.6),
+               record("level2/1_C", 2, 0, False, None), record("level2/1_C", 2, 1, False, None)]
+    summary = write_report(records, 2, {"model": "m", "backend": "triton", "problems_dir": "kb"}, tmp_path)
+    level1 = summary["levels"]["level 1"]
+    assert level1["pass_at_k"]["1"] == pytest.approx(0.75) and level1["pass_at_k"]["2"] == 1.0
+    assert level1["fast_p"]["1.0"] == pytest.approx((0.5 + 0.5) / 2) and level1["fast_p"]["2.0"] == 0.0
+    assert level1["geomean_speedup"] == pytest.approx((2.0 * 0.5 * 1.6) ** (1 / 3))
+    assert summary["overall"]["pass_at_k"]["2"] == pytest.approx(2 / 3)
+    table = (tmp_path / "summary.md").read_text()
+    assert "| level 1 | 2 | 4 | 75.0% | 100.0% | 75.0% | 50.0% | 50.0% | 0.0% | 1.17 |" in table
+    assert "| overall | 3 | 6 |" in table
+    assert (tmp_path / "summary.png").stat().st_size > 10_000

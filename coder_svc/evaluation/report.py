@@ -22,6 +22,10 @@ def _level_name(level: int | None) -> str:
     return "all problems" if level is None else f"level {level}"
 
 
+def _mean(records: list[dict[str, Any]], key: str) -> float | None:
+    return statistics.fmean(r[key] for r in records) if records else None
+
+
 def build_summary(records: list[dict[str, Any]], samples: int, run: dict[str, Any]) -> dict[str, Any]:
     """Metrics per level and overall, status counts, which problems were solved, and the harness's timings."""
     ks = sorted({1, samples})
@@ -33,13 +37,11 @@ def build_summary(records: list[dict[str, Any]], samples: int, run: dict[str, An
             "statuses": dict(Counter(r["status"] for r in subset)),
             "solved": sorted({r["problem"] for r in subset if r["correct"]}),
         }
-    def mean(key: str) -> float | None:
-        return statistics.fmean(r[key] for r in records) if records else None
     return {
         **run, "samples_per_problem": samples, "levels": levels, "overall": summarize(_outcomes(records), ks),
         "timing_per_sample_s": {
-            "generation_mean": mean("generation_s"), "evaluation_mean": mean("evaluation_s"),
-            "harness_overhead_mean": mean("overhead_s"),
+            "generation_mean": _mean(records, "generation_s"), "evaluation_mean": _mean(records, "evaluation_s"),
+            "harness_overhead_mean": _mean(records, "overhead_s"),
             "harness_overhead_median": statistics.median(r["overhead_s"] for r in records) if records else None,
         },
     }
@@ -98,6 +100,7 @@ def plot(records: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> 
         right.axvline(1.0, color="grey", linestyle=":")
         right.set_xlabel("speedup threshold p"), right.set_ylabel("share of samples"), right.legend()
     else:
+        right.set_axis_off()
         right.text(0.5, 0.5, "speed not measured\n(no GPU: correctness only)", ha="center", va="center", transform=right.transAxes)
     right.set_title("fast_p")
     fig.tight_layout()
