@@ -6,6 +6,7 @@ Plain functions over plain data, so the CLI, the Celery task and the tests call 
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import shutil
 import signal
@@ -70,7 +71,7 @@ class Evaluator:
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
         if key not in self._pools:
-            self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, self.settings.reward_warm_children)
+            self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device))
         return self._pools[key]
 
     def close(self) -> None:
@@ -148,6 +149,12 @@ class Evaluator:
             return verdict
         finally:
             child.discard()
+
+
+def warm_children(settings: Settings, device: str) -> int:
+    if settings.reward_warm_children is not None:
+        return settings.reward_warm_children
+    return 1 if device == "cpu" else min(8, max(2, (os.cpu_count() or 2) // 2))
 
 
 def _policy_verdict(source: str) -> Verdict | None:

@@ -6,6 +6,8 @@ Layout under ``<data_dir>/reward``:
                     (read-only to every candidate child; the expected outputs never leave jobs/)
   cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
                     clean run; read-only to children, so no candidate can poison another's cache
+  cache/triton-base Triton's driver stubs and warm-up kernel, built once per worker by a child
+                    that runs only our own code; read-only to children (harness/triton_cache.py)
   locks/            one lock file per GPU: GPU work inside children is exclusive per device
 """
 
@@ -17,6 +19,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +28,9 @@ from typing import Any
 
 from services.config import Settings
 from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
+
+
+REWARD_CHILD = "reward_svc.harness.child"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,10 @@ class Child:
         result_file = self.workdir / "result.json"
         return outcome, json.loads(result_file.read_text()) if result_file.exists() else None
 
+    @property
+    def ready(self) -> bool:
+        return (self.workdir / "ready").exists()
+
     def discard(self) -> None:
         self.process.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -76,7 +86,7 @@ class ChildPool:
     """
 
     def __init__(self, settings: Settings, layout: Layout, device: str, timeout_s: float, size: int,
-                 entry: str = "reward_svc.harness.child") -> None:
+                 entry: str = REWARD_CHILD) -> None:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
         self.entry = entry
         self._warm: collections.deque[Child] = collections.deque()
@@ -85,12 +95,35 @@ class ChildPool:
         # started from this one long-lived thread, so a warm child outlives the job thread that
         # asked for it.
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kz-child-spawner")
+        if device == "cuda" and entry == REWARD_CHILD:
+            self._prime_triton_base()
         self.refill()
+
+    @property
+    def triton_base(self) -> Path:
+        return self.layout.cache / "triton-base"
+
+    def _prime_triton_base(self) -> None:
+        """Build Triton's stubs once in a child that runs nothing but our warm-up, then share them."""
+        if self.triton_base.exists():
+            return
+        child = self._spawn()
+        try:
+            _, result = child.run({"role": "prime"})
+            if result and result.get("status") == "ok" and (child.workdir / "triton").is_dir():
+                try:
+                    (child.workdir / "triton").rename(self.triton_base)
+                except OSError:
+                    pass  # another worker published it first
+        finally:
+            child.discard()
 
     def policy(self, workdir: Path) -> SandboxPolicy:
         env = {
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             "TRITON_CACHE_DIR": str(workdir / "triton"),
+            "TRITON_CACHE_MANAGER": "reward_svc.harness.triton_cache:LayeredCacheManager",
+            "KZ_TRITON_LAYERS": str(self.triton_base) if self.triton_base.is_dir() else "",
             "TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"),
             "OMP_NUM_THREADS": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -125,16 +158,28 @@ class ChildPool:
                 self._warm.append(self._spawn())
 
     def take(self) -> Child:
+        """A live child, one that finished warming up if any has."""
         with self._lock:
-            while self._warm:
-                child = self._warm.popleft()
-                if child.process.alive:
-                    break
+            for child in [c for c in self._warm if not c.process.alive]:
+                self._warm.remove(child)
                 child.discard()
+            if self._warm:
+                child = next((c for c in self._warm if c.ready), self._warm[0])
+                self._warm.remove(child)
             else:
                 child = self._spawn()
         self.refill()
         return child
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until every pooled child has warmed up (benchmarks measure a warm worker)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self._warm) >= self.size and all(c.ready for c in self._warm):
+                    return True
+            time.sleep(0.1)
+        return False
 
     def close(self) -> None:
         with self._lock:

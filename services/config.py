@@ -38,7 +38,11 @@ class Settings(BaseSettings):
 
     # Reward service
     sandbox_memory_bytes: int = Field(default=16 << 30, description="Address-space limit of a CPU evaluation child.")
-    reward_warm_children: int = Field(default=1, ge=0, description="Evaluation children kept warm per worker.")
+    reward_warm_children: int | None = Field(
+        default=None, ge=0,
+        description="Evaluation children kept warm per worker; unset: 1 on CPU, on a GPU host min(8, CPU cores / 2) "
+        "(each evaluation takes two, and a child needs seconds to warm up).",
+    )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
 
     # Proposer service

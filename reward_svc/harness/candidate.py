@@ -11,6 +11,7 @@ without running finalizers, so nothing the candidate scheduled can rewrite them.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import traceback
@@ -41,6 +42,7 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
     from reward_svc.compile import install_fast_load_inline
 
     install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
+    _route_triton_cache(Path(spec["compile_cache"]))
     fast = cpp_extension.load_inline
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -48,6 +50,19 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
         return counter.wrap_extension(module, name) if kwargs.get("is_python_module", True) else module
 
     cpp_extension.load_inline = load_inline
+
+
+def _route_triton_cache(compile_cache: Path) -> None:
+    """A source evaluated before reads its published Triton build (read-only); a new one builds into
+    its own build dir, which the worker publishes after a clean run (see harness/triton_cache.py)."""
+    from reward_svc.harness.triton_cache import LAYERS_ENV
+
+    triton_dir = compile_cache / "triton"
+    if compile_cache.exists() and not os.access(compile_cache, os.W_OK):
+        os.environ[LAYERS_ENV] = os.pathsep.join([str(triton_dir), os.environ.get(LAYERS_ENV, "")])
+    else:
+        triton_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["TRITON_CACHE_DIR"] = str(triton_dir)
 
 
 def _is_compile_error(exc: BaseException) -> bool:
