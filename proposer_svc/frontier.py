@@ -92,7 +92,7 @@ def pass_rate_histogram(rates: list[TaskPassRate], bins: int = 10, min_attempts:
     """Bin edges and task counts over tasks with at least ``min_attempts`` verdicts (p = 1 in the last bin)."""
     values = [r.pass_rate for r in rates if r.scored >= min_attempts]
     counts, edges = np.histogram(np.asarray(values, dtype=float), bins=bins, range=(0.0, 1.0))
-    return [float(e) for e in edges], [int(c) for c in counts]
+    return [round(float(e), 9) for e in edges], [int(c) for c in counts]
 
 
 def select_frontier(rates: list[TaskPassRate], count: int, config: FrontierConfig = FrontierConfig()) -> list[FrontierTask]:

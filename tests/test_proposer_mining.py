@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from itertools import combinations
 from pathlib import Path
@@ -160,3 +163,21 @@ def test_default_corpus_mines_real_modules() -> None:
         assert stats.usage.get(api, 0) > 50, api
     assert stats.pairs[("torch.nn.Dropout", "torch.nn.Linear")] > 100
     assert all(a < b for a, b in stats.pairs)
+
+
+def test_cli_mine_and_stats(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    kz_env()
+    migrate.upgrade()
+    write_corpus(tmp_path / "corpus")
+    kernelzero = Path(sys.executable).with_name("kernelzero")
+    env = dict(os.environ, COLUMNS="200")
+    mined = subprocess.run([str(kernelzero), "proposer", "mine", "--corpus", str(tmp_path / "corpus" / "plain"), "--name", "small"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert mined.returncode == 0, mined.stderr
+    assert "3 files, 2 forward bodies" in mined.stdout and "1 files skipped" in mined.stdout
+    shown = subprocess.run([str(kernelzero), "proposer", "stats", "--name", "small", "--top", "3"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "10 APIs" in shown.stdout and "torch.nn.Conv2d" in shown.stdout
+    missing = subprocess.run([str(kernelzero), "proposer", "stats", "--name", "nothing"], capture_output=True, text=True, timeout=120, env=env)
+    assert missing.returncode == 1 and "kernelzero proposer mine" in missing.stderr

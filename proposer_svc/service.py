@@ -1,0 +1,258 @@
+"""The proposer's logic behind its routes, its Celery task and its CLI: mine, propose, list, frontier.
+
+A proposal round: sample API sets from the mined co-occurrence statistics (biased toward APIs
+the Coder fails on), compose a module for each, validate every module in the sandbox, and store
+each as a task, rejected ones with their reason. ``Task.source_hash`` is the SHA-256 of the exact
+source, the key the reward service files its verdicts under, so the Coder's scores find the task;
+the validator's normalised-source hash (``details.normalised_hash``) and the op-graph hash
+(``graph_hash``) catch duplicates that differ in names or layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from services.config import Settings, get_settings
+from services.db.models import Job, Task
+from services.db.session import session_scope
+from services.queue.jobs import submit_job
+from services.queue.names import PROPOSAL
+from services.schemas.proposer import (
+    ComposerName, FrontierOut, FrontierTaskOut, ProposalOut, ProposeRequest, ProposeSummary, TaskOut, TaskPage,
+)
+from proposer_svc.catalog import CATALOG
+from proposer_svc.compose.base import Composer, CompositionDeclined, ProposalHints, ProposedModule
+from proposer_svc.frontier import (
+    POOL_STATUSES, FrontierConfig, api_failure_rates, pass_rate_histogram, select_frontier, task_pass_rates,
+)
+from proposer_svc.mining import DEFAULT_CORPUS, MiningResult, default_corpus, directory_corpus, load_stats, mine, save_stats
+from proposer_svc.sampling import sample_api_set
+from proposer_svc.stats import ApiStats
+from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash as normalised_hash
+from reward_svc.service import wait_for  # noqa: F401  (the routes' submit-and-wait)
+
+log = structlog.get_logger(__name__)
+
+PROPOSE_TASK = "proposer.propose"
+COMPOSE_ATTEMPTS = 5  # fresh API sets tried before a slot counts as declined
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def raw_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def mine_corpus(name: str = DEFAULT_CORPUS, directories: Iterable[Path] = (), show_progress: bool = False) -> MiningResult:
+    """Mine the named directories (or the default corpus) and store the result under ``name``."""
+    dirs = list(directories)
+    sources = directory_corpus(dirs) if dirs else default_corpus()
+    result = mine(sources, show_progress=show_progress)
+    save_stats(name, result, sources)
+    log.info("proposer.mined", corpus=name, files=result.files, modules=result.stats.modules,
+             apis=len(result.stats.usage), pairs=len(result.stats.pairs), skipped=len(result.skipped))
+    return result
+
+
+def sampling_stats(settings: Settings) -> tuple[ApiStats, str | None]:
+    """The configured corpus's statistics; the default corpus is mined on first use. With none,
+    sampling is uniform over the catalog (a warning says so)."""
+    name = settings.proposer_corpus
+    stats = load_stats(name)
+    if stats is None and name == DEFAULT_CORPUS:
+        try:
+            stats = mine_corpus(name).stats
+        except Exception as exc:  # no transformers, unreadable site-packages: degrade, do not fail the round
+            log.warning("proposer.mining_failed", corpus=name, error=f"{type(exc).__name__}: {exc}")
+    if stats is None or not stats.usage:
+        log.warning("proposer.uniform_sampling", corpus=name, why="no mined statistics under this name")
+        return ApiStats(), None
+    return stats, name
+
+
+# --- proposing -------------------------------------------------------------------------------
+
+
+def build_composer(name: ComposerName, settings: Settings) -> Composer:
+    if name == "composer":
+        from proposer_svc.compose.programmatic import ProgrammaticComposer
+
+        return ProgrammaticComposer()
+    if settings.coder_model_backend == "template":
+        raise ValueError("the llm composer needs a model: set KZ_CODER_MODEL_BACKEND to openai or hf")
+    from coder_svc.generators import build_chat_model
+    from proposer_svc.compose.llm import LLMComposer
+
+    return LLMComposer(build_chat_model(settings.coder_model_backend, settings))  # type: ignore[arg-type]
+
+
+def compose_modules(composer: Composer, stats: ApiStats, request: ProposeRequest, settings: Settings, rng: random.Random,
+                    on_progress: Progress | None = None) -> tuple[list[ProposedModule], list[ProposalOut]]:
+    """``count`` modules from sampled API sets; slots whose API sets the composer kept declining."""
+    failure_rates = api_failure_rates(task_pass_rates()) if settings.proposer_failure_bias > 0 else None
+    size = request.api_set_size or settings.proposer_api_set_size
+    hints = ProposalHints(difficulty=request.difficulty, max_ops=request.max_ops)
+    modules: list[ProposedModule] = []
+    declined: list[ProposalOut] = []
+    for i in range(request.count):
+        reason, api_set = "", []
+        for _ in range(COMPOSE_ATTEMPTS):
+            api_set = sample_api_set(stats, CATALOG, size, rng, temperature=settings.proposer_sample_temperature,
+                                     failure_rates=failure_rates, failure_bias=settings.proposer_failure_bias)
+            try:
+                modules.append(composer.compose(api_set, replace(hints, seed=rng.randrange(2**31))))
+                break
+            except CompositionDeclined as exc:
+                reason = str(exc)
+        else:
+            declined.append(ProposalOut(status="declined", reason=f"composer declined {COMPOSE_ATTEMPTS} API sets; last: {reason}", api_set=api_set))
+        if on_progress:
+            on_progress("compose", i + 1, request.count)
+    return modules, declined
+
+
+def known_hashes() -> set[str]:
+    """Normalised-source and graph hashes of the pool, for the validator's duplicate check."""
+    with session_scope() as session:
+        rows = session.execute(select(Task.source, Task.graph_hash, Task.details).where(Task.status.in_(POOL_STATUSES))).all()
+    hashes: set[str] = set()
+    for source, graph, details in rows:
+        if graph:
+            hashes.add(graph)
+        normalised = (details or {}).get("normalised_hash")
+        if normalised is None:  # a task the reward service stored: hash it here
+            try:
+                normalised = normalised_hash(ast.parse(source))
+            except SyntaxError:
+                continue
+        hashes.add(normalised)
+    return hashes
+
+
+def store_task(module: ProposedModule, verdict: ValidationResult, request: ProposeRequest) -> ProposalOut:
+    details: dict[str, Any] = {
+        **module.details, "normalised_hash": verdict.source_hash, "rule": verdict.rule, "device": verdict.device,
+        "validation": verdict.details, "hints": {"difficulty": request.difficulty, "max_ops": request.max_ops},
+    }
+    task = Task(source=module.source, source_hash=raw_hash(module.source), origin=module.origin, api_set=module.api_set,
+                input_shapes=module.input_shapes, status="valid" if verdict.valid else "rejected", reason=verdict.reason,
+                graph_hash=verdict.graph_hash, details=details)
+    try:
+        with session_scope() as session:
+            session.add(task)
+    except IntegrityError:  # a concurrent round stored the same source first
+        return ProposalOut(status="exists", reason="this exact source is already a task", api_set=module.api_set)
+    return ProposalOut(task_id=task.id, status=task.status, reason=verdict.reason, rule=verdict.rule, api_set=module.api_set)  # type: ignore[arg-type]
+
+
+def propose(request: ProposeRequest, settings: Settings | None = None, parallel: int = 1,
+            on_progress: Progress | None = None) -> ProposeSummary:
+    """One proposal round: sample, compose, validate in the sandbox, store every outcome."""
+    settings = settings or get_settings()
+    started = time.monotonic()
+    rng = random.Random(request.seed)
+    stats, corpus = sampling_stats(settings)
+    composer = build_composer(request.backend or settings.proposer_composer, settings)
+    modules, proposals = compose_modules(composer, stats, request, settings, rng, on_progress)
+
+    with session_scope() as session:
+        hashes = [raw_hash(m.source) for m in modules]
+        stored = set(session.scalars(select(Task.source_hash).where(Task.source_hash.in_(hashes))))
+    fresh: list[ProposedModule] = []
+    for module, digest in zip(modules, hashes):
+        if digest in stored:
+            proposals.append(ProposalOut(status="exists", reason="this exact source is already a task", api_set=module.api_set))
+        else:
+            stored.add(digest)
+            fresh.append(module)
+
+    done: list[int] = []
+
+    def validated(i: int, _: ValidationResult) -> None:
+        done.append(i)
+        if on_progress:
+            on_progress("validate", len(done), len(fresh))
+
+    with Validator(ValidationOptions(device=request.device), settings) as validator:
+        verdicts = validator.validate_many([m.source for m in fresh], known_hashes(), parallel, validated)
+    proposals += [store_task(m, v, request) for m, v in zip(fresh, verdicts)]
+    return summarize(request, proposals, corpus, time.monotonic() - started)
+
+
+def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str | None, seconds: float) -> ProposeSummary:
+    statuses = Counter(p.status for p in proposals)
+    valid_sets = [sorted(set(p.api_set)) for p in proposals if p.status == "valid"]
+    return ProposeSummary(
+        requested=request.count, valid=statuses["valid"], rejected=statuses["rejected"], declined=statuses["declined"],
+        exists=statuses["exists"], reasons=dict(Counter(p.rule or "unknown" for p in proposals if p.status == "rejected")),
+        apis_covered=len({a for s in valid_sets for a in s}),
+        pairs_covered=len({pair for s in valid_sets for pair in combinations(s, 2)}),
+        corpus=corpus, seconds=round(seconds, 3), proposals=proposals,
+    )
+
+
+def submit_propose(request: ProposeRequest) -> Job:
+    """Queue a round. Without a seed one is drawn here, so a repeated request is a new round
+    rather than the idempotent replay of the last one."""
+    payload = request.model_dump(exclude={"wait_s"})
+    if payload["seed"] is None:
+        payload["seed"] = secrets.randbelow(2**31)
+    return submit_job(PROPOSE_TASK, payload, PROPOSAL)
+
+
+def run_propose_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The Celery job body: one round, its summary stored on the job."""
+    summary = propose(ProposeRequest.model_validate(payload))
+    log.info("proposer.round", job_id=job_id, valid=summary.valid, rejected=summary.rejected, declined=summary.declined)
+    return summary.model_dump()
+
+
+# --- the task pool and the frontier ------------------------------------------------------------
+
+
+def list_tasks(status: str | None = None, origin: str | None = None, limit: int = 50, offset: int = 0) -> TaskPage:
+    query = select(Task)
+    if status is not None:
+        query = query.where(Task.status == status)
+    if origin is not None:
+        query = query.where(Task.origin == origin)
+    with session_scope() as session:
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = session.scalars(query.order_by(Task.created_at.desc(), Task.id).limit(limit).offset(offset)).all()
+        items = [TaskOut.model_validate(t) for t in rows]
+    return TaskPage(items=items, total=total, limit=limit, offset=offset)
+
+
+def get_task(task_id: str) -> TaskOut | None:
+    with session_scope() as session:
+        task = session.get(Task, task_id)
+        return TaskOut.model_validate(task) if task is not None else None
+
+
+def frontier(count: int = 20, bins: int = 10, settings: Settings | None = None) -> FrontierOut:
+    """The pool's pass-rate histogram and the next round's tasks near the frontier."""
+    config = FrontierConfig.from_settings(settings)
+    rates = task_pass_rates()
+    edges, counts = pass_rate_histogram(rates, bins, config.min_attempts)
+    api_sets = {r.task_id: list(r.api_set) for r in rates}
+    tasks = [FrontierTaskOut(task_id=t.task_id, pass_rate=t.pass_rate, attempts=t.attempts, reward=t.reward,
+                             explored=t.explored, api_set=api_sets[t.task_id] or None)
+             for t in select_frontier(rates, count, config)]
+    return FrontierOut(shape=config.shape, width=config.width, min_attempts=config.min_attempts, pool_tasks=len(rates),
+                       scored_tasks=sum(counts), bin_edges=edges, histogram=counts, tasks=tasks)

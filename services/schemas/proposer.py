@@ -1,0 +1,96 @@
+"""Proposer API schemas: proposing tasks, reading the task pool, the frontier."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ComposerName = Literal["composer", "llm"]
+TaskStatus = Literal["pending", "valid", "rejected", "reference"]
+
+
+class ProposeRequest(BaseModel):
+    count: int = Field(..., ge=1, le=500, description="Modules to propose (each is validated; rejected ones are stored too).")
+    backend: ComposerName | None = Field(None, description="Who composes: the programmatic composer or the LLM; default KZ_PROPOSER_COMPOSER.")
+    difficulty: float = Field(0.5, ge=0, le=1, description="0: few ops, small tensors .. 1: long chains, larger tensors.")
+    max_ops: int = Field(6, ge=1, le=32, description="Upper bound on operations per module.")
+    api_set_size: int | None = Field(None, ge=1, le=16, description="APIs sampled per module; default KZ_PROPOSER_API_SET_SIZE.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where validation runs the modules.")
+    seed: int | None = Field(None, ge=0, description="Same seed, same request: same job. None draws a fresh seed.")
+    wait_s: float = Field(0.0, ge=0, le=600, description="How long to wait for the job before answering with its id.")
+
+
+class ProposalOut(BaseModel):
+    """What became of one proposal."""
+
+    task_id: str | None = Field(None, description="The stored task; None when the composer declined or the exact source exists.")
+    status: Literal["valid", "rejected", "declined", "exists"]
+    reason: str
+    rule: str | None = None
+    api_set: list[str]
+
+
+class ProposeSummary(BaseModel):
+    requested: int
+    valid: int
+    rejected: int
+    declined: int = Field(description="API sets the composer could not build a module from.")
+    exists: int = Field(description="Exact sources already in the pool (not stored again).")
+    reasons: dict[str, int] = Field(description="Rejections per validation rule.")
+    apis_covered: int = Field(description="Distinct APIs in the valid modules' API sets.")
+    pairs_covered: int
+    corpus: str | None = Field(description="The mined statistics sampled from; None: uniform sampling.")
+    seconds: float
+    proposals: list[ProposalOut]
+
+
+class ProposeResponse(BaseModel):
+    job_id: str
+    job_status: str
+    result: ProposeSummary | None = None
+    error: str | None = None
+
+
+class TaskOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    source: str
+    source_hash: str
+    origin: str
+    api_set: list[str] | None = None
+    input_shapes: list[Any] | None = None
+    status: str
+    reason: str | None = None
+    graph_hash: str | None = None
+    details: dict[str, Any] | None = None
+    created_at: datetime
+
+
+class TaskPage(BaseModel):
+    items: list[TaskOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class FrontierTaskOut(BaseModel):
+    task_id: str
+    pass_rate: float | None = Field(description="Correct verdicts / scored verdicts; None: never scored.")
+    attempts: int
+    reward: float | None = Field(description="Frontier reward; None while attempts are below the minimum.")
+    explored: bool = Field(description="Chosen to be measured (too few attempts), not for sitting on the frontier.")
+    api_set: list[str] | None = None
+
+
+class FrontierOut(BaseModel):
+    shape: Literal["linear", "gaussian"]
+    width: float
+    min_attempts: int
+    pool_tasks: int = Field(description="Valid and reference tasks.")
+    scored_tasks: int = Field(description="Pool tasks with at least min_attempts verdicts.")
+    bin_edges: list[float]
+    histogram: list[int] = Field(description="Scored tasks per pass-rate bin (the last bin includes 1.0).")
+    tasks: list[FrontierTaskOut] = Field(description="The next round's selection, frontier first, then exploration.")
