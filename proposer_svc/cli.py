@@ -50,3 +50,90 @@ def validate(
     Console().print(table)
     valid = sum(r.valid for r in results)
     Console().print(f"{valid} of {len(results)} valid on {validator.device}")
+
+
+@proposer_app.command("mine")
+def mine(
+    corpus: list[Path] = typer.Option([], "--corpus", exists=True, file_okay=False, help="Directory of PyTorch code (repeatable); default: installed transformers modeling files and torch.nn's modules."),
+    name: str = typer.Option("default", "--name", help="Name the statistics are stored under (replaces an earlier mining of that name)."),
+) -> None:
+    """Mine API usage and co-occurrence from the forward bodies of real modules (parsed, never run)."""
+    from proposer_svc.service import mine_corpus
+
+    result = mine_corpus(name, corpus, show_progress=True)
+    stats = result.stats
+    console = Console()
+    console.print(f"[bold]{name}[/]: {result.files} files, {stats.modules} forward bodies, {len(stats.usage)} APIs, "
+                  f"{len(stats.pairs)} pairs; {len(result.skipped)} files skipped (unparseable)")
+    for line in result.skipped[:5]:
+        console.print(f"  skipped {line}")
+
+
+@proposer_app.command("stats")
+def stats(
+    top: int = typer.Option(20, "--top", min=1, help="Rows per table."),
+    name: str | None = typer.Option(None, "--name", help="Corpus name (default: KZ_PROPOSER_CORPUS)."),
+) -> None:
+    """The most frequent APIs and API pairs of the mined statistics."""
+    from services.config import get_settings
+    from proposer_svc.mining import load_stats
+
+    corpus = name or get_settings().proposer_corpus
+    mined = load_stats(corpus)
+    if mined is None:
+        Console(stderr=True).print(f"[red]no statistics named {corpus!r}[/]: run 'kernelzero proposer mine' first")
+        raise typer.Exit(1)
+    console = Console()
+    console.print(f"[bold]{corpus}[/]: {mined.modules} forward bodies, {len(mined.usage)} APIs, {len(mined.pairs)} pairs")
+    apis = Table("api", "modules", "share", title=f"top {top} APIs")
+    for api, count in sorted(mined.usage.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+        apis.add_row(api, str(count), f"{count / max(mined.modules, 1):.1%}")
+    pairs = Table("api", "api", "modules", title=f"top {top} pairs")
+    for (a, b), count in sorted(mined.pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+        pairs.add_row(a, b, str(count))
+    console.print(apis)
+    console.print(pairs)
+
+
+@proposer_app.command("propose")
+def propose(
+    count: int = typer.Option(..., "--count", min=1, max=500, help="Modules to propose."),
+    backend: str | None = typer.Option(None, "--backend", help="composer | llm (default: KZ_PROPOSER_COMPOSER)."),
+    difficulty: float = typer.Option(0.5, "--difficulty", min=0, max=1),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda: where validation runs."),
+    seed: int | None = typer.Option(None, "--seed", min=0),
+    parallel: int = typer.Option(1, "--parallel", min=1, help="Sandboxed validation children at once."),
+    as_json: bool = typer.Option(False, "--json", help="The round's summary as one JSON object on stdout."),
+) -> None:
+    """Propose modules locally: sample API sets, compose, validate in the sandbox, store as tasks."""
+    from pydantic import ValidationError
+
+    from services.schemas.proposer import ProposeRequest
+    from proposer_svc.service import propose as propose_round
+
+    try:
+        request = ProposeRequest(count=count, backend=backend, difficulty=difficulty, device=device, seed=seed)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    stderr = Console(stderr=True)
+    with Progress(console=stderr, transient=as_json) as progress:
+        bars: dict[str, int] = {}
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            if phase not in bars:
+                bars[phase] = progress.add_task({"compose": "composing", "validate": "validating"}.get(phase, phase), total=total)
+            progress.update(bars[phase], completed=done, total=total)
+
+        summary = propose_round(request, parallel=parallel, on_progress=on_progress)
+    if as_json:
+        print(json.dumps(summary.model_dump(mode="json")))
+        return
+    console = Console()
+    console.print(f"{summary.valid} valid, {summary.rejected} rejected, {summary.declined} declined, {summary.exists} already known "
+                  f"of {summary.requested} in {summary.seconds:.1f} s; {summary.apis_covered} APIs and {summary.pairs_covered} pairs "
+                  f"covered; sampled from {summary.corpus or 'uniform (no mined statistics)'}")
+    if summary.reasons:
+        table = Table("rule", "rejected")
+        for rule, n in sorted(summary.reasons.items(), key=lambda kv: -kv[1]):
+            table.add_row(rule, str(n))
+        console.print(table)
