@@ -15,9 +15,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from services.clients import CoderClient, RewardClient
 from services.config import Settings
 from services.db.models import Candidate, ModelVersion, Score, Task
 from services.db.session import session_scope
+from services.schemas.coder import KernelRequest, ModelSwitch
+from services.schemas.reward import ScoreOptions
 from reward_cases import RELU_REFERENCE
 from tiny_lm import build_lora, build_tiny_lm
 
@@ -44,6 +47,7 @@ def serve(app: str, port: int) -> Iterator[str]:
 
 @pytest.fixture
 def coder_api(platform_env: Callable[..., Settings], start_worker, free_port, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The coder's URL; the reward service listens at the settings' reward URL (what the clients use)."""
     reward_port, coder_port = free_port(), free_port()
     platform_env(auth_enabled="false", reward_warm_children=1, reward_port=reward_port, coder_port=coder_port)
     start_worker("reward")
@@ -79,6 +83,15 @@ def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:
         assert all(r.details["coder_job_id"] == data["job_id"] for r in rows)
         assert sorted(i for r in rows for i in r.details["draft_indices"]) == [0, 1]
 
+    # The client the worker scores with, when the route answers 202 at once: it polls the job.
+    kernel = (Path(__file__).parent / "kernels" / "relu" / "triton_correct.py").read_text()
+    with RewardClient() as client:
+        client.route_wait_s = 0  # the route answers 202 at once; the client polls the job
+        single = client.score(RELU_REFERENCE, kernel, ScoreOptions(device="cpu"), wait_s=120)
+        group = client.score_group(RELU_REFERENCE, [kernel, "class ModelNew(:"], ScoreOptions(device="cpu"), wait_s=120)
+    assert single.job_status == "succeeded" and single.verdict is not None and single.verdict.status == "correct"
+    assert group.result is not None and [v.status for v in group.result.verdicts] == ["correct", "compile_error"]
+
 
 def test_bad_input_and_unknown_ids(coder_api: str) -> None:
     bad = [({"module": "def get_inputs():\n    return []\n"}, "Model"),
@@ -96,6 +109,7 @@ def test_bad_input_and_unknown_ids(coder_api: str) -> None:
     assert httpx.post(f"{coder_api}/v1/admin/model", json={"adapter_path": "/x"}, timeout=10).status_code == 422
 
 
+@pytest.mark.slow
 def test_model_switch_reaches_the_next_job(coder_api: str, tmp_path: Path) -> None:
     default = httpx.get(f"{coder_api}/v1/admin/model", timeout=10).json()
     assert default["id"] is None and default["backend"] == "template"
@@ -104,16 +118,16 @@ def test_model_switch_reaches_the_next_job(coder_api: str, tmp_path: Path) -> No
     body = {"module": RELU_REFERENCE, "n": 1, "wait_s": 120, "model_backend": "hf",
             "sampling": {"max_tokens": 16, "seed": 0}, "scoring": {"device": "cpu"}}
     seen = []
-    for name, path in adapters.items():
-        switched = httpx.post(f"{coder_api}/v1/admin/model", json={"name": name, "adapter_path": str(path)}, timeout=10).json()
-        assert switched["name"] == name and switched["id"]
-        assert httpx.get(f"{coder_api}/v1/admin/model", timeout=10).json()["id"] == switched["id"]
-        response = httpx.post(f"{coder_api}/v1/kernels", json=body, timeout=150).json()
-        assert response["job_status"] == "succeeded", response
-        result = response["result"]
-        assert result["model_version_id"] == switched["id"]
-        assert result["candidates"][0]["model"] == name  # the worker switched its loaded model to the adapter
-        seen.append(response["job_id"])
+    with CoderClient(base_url=coder_api) as client:
+        for name, path in adapters.items():
+            switched = client.switch_model(ModelSwitch(name=name, adapter_path=str(path)))
+            assert switched.name == name and switched.id is not None
+            assert client.serving_model().id == switched.id
+            response = client.generate(KernelRequest.model_validate(body))
+            assert response.job_status == "succeeded" and response.result is not None, response
+            assert response.result.model_version_id == switched.id
+            assert response.result.candidates[0].model == name  # the worker switched its loaded model to the adapter
+            seen.append(response.job_id)
     assert seen[0] != seen[1]  # same request under another model is another job
     with session_scope() as session:
         serving = session.scalars(select(ModelVersion).where(ModelVersion.role == "coder", ModelVersion.serving.is_(True))).all()

@@ -7,15 +7,13 @@ import time
 from services.clients.base import TERMINAL_STATUSES, ServiceClient
 from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
 
-ROUTE_WAIT_S = 20.0  # as in the reward client: hold the connection briefly, then poll
-
-
 class CoderClient(ServiceClient):
     service = "coder"
+    route_wait_s: float = 20.0  # as in the reward client: hold the connection briefly, then poll
 
     def generate(self, request: KernelRequest) -> KernelResponse:
         """Submit; waits up to ``request.wait_s`` in all (route wait, then polling)."""
-        body = request.model_copy(update={"wait_s": min(request.wait_s, ROUTE_WAIT_S)})
+        body = request.model_copy(update={"wait_s": min(request.wait_s, self.route_wait_s)})
         response = KernelResponse.model_validate(self.request("POST", "/v1/kernels", json=body.model_dump()).json())
         deadline = time.monotonic() + request.wait_s
         while response.job_status not in TERMINAL_STATUSES and time.monotonic() < deadline:

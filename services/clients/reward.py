@@ -9,17 +9,15 @@ from services.clients.base import TERMINAL_STATUSES, ServiceClient
 from services.schemas.jobs import JobOut
 from services.schemas.reward import GroupResult, GroupScoreRequest, GroupScoreResponse, ScoreOptions, ScoreRequest, ScoreResponse
 
-# The route holds a request open at most this long (below the HTTP read timeout); the rest of
-# the wait polls the job, so a long evaluation never looks like a dead connection.
-ROUTE_WAIT_S = 20.0
-
-
 class RewardClient(ServiceClient):
     service = "reward"
+    # The route holds a request open at most this long (below the HTTP read timeout); the rest of
+    # the wait polls the job, so a long evaluation never looks like a dead connection.
+    route_wait_s: float = 20.0
 
     def score(self, reference: str, candidate: str, options: ScoreOptions | None = None, wait_s: float = 300.0) -> ScoreResponse:
         """One verdict; ``job_status`` is still queued/running only when ``wait_s`` ran out."""
-        body = ScoreRequest(reference=reference, candidate=candidate, options=options or ScoreOptions(), wait_s=min(wait_s, ROUTE_WAIT_S))
+        body = ScoreRequest(reference=reference, candidate=candidate, options=options or ScoreOptions(), wait_s=min(wait_s, self.route_wait_s))
         response = ScoreResponse.model_validate(self.request("POST", "/v1/score", json=body.model_dump()).json())
         if response.job_status in TERMINAL_STATUSES:
             return response
@@ -31,7 +29,7 @@ class RewardClient(ServiceClient):
                     ca_grpo: CAGRPOConfig | None = None, wait_s: float = 300.0) -> GroupScoreResponse:
         """Verdicts with CA-GRPO rewards for a group; the job id links them to the stored scores."""
         body = GroupScoreRequest(reference=reference, candidates=candidates, options=options or ScoreOptions(),
-                                 ca_grpo=ca_grpo or CAGRPOConfig(), wait_s=min(wait_s, ROUTE_WAIT_S))
+                                 ca_grpo=ca_grpo or CAGRPOConfig(), wait_s=min(wait_s, self.route_wait_s))
         response = GroupScoreResponse.model_validate(self.request("POST", "/v1/score/group", json=body.model_dump()).json())
         if response.job_status in TERMINAL_STATUSES:
             return response
