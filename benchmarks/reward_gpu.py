@@ -97,14 +97,18 @@ def triton_end_to_end(evaluator) -> dict:  # type: ignore[no-untyped-def]
     from reward_cases import CORRECT, RELU_REFERENCE
     from reward_svc.evaluate import EvalOptions
 
+    # A warm worker: its pool finished warming before the first request, as for a worker that was
+    # running when the jobs arrived; then requests back to back, each waiting for its verdict.
+    warmed = evaluator.pool("cuda", EvalOptions().timeout_s).wait_ready(timeout_s=300)
     walls, statuses = [], []
-    for i in range(8):
+    for i in range(10):
         source = CORRECT + f"\n# variant {i}\n"  # a new source each time: no compile cache
         start = time.perf_counter()
         verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], EvalOptions(device="cuda")).verdicts[0]
         walls.append(time.perf_counter() - start)
         statuses.append(verdict.status)
-    return {"walls_s": walls, "p50_s": statistics.median(walls), "statuses": statuses}
+    return {"walls_s": walls, "p50_s": statistics.median(walls), "statuses": statuses, "pool_warm_at_start": warmed,
+            "warm_children": evaluator.pool("cuda", EvalOptions().timeout_s).size}
 
 
 def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
@@ -127,14 +131,15 @@ def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
         "log=i(Path(sys.argv[1])); import torch.utils.cpp_extension as c; from cuda_cases import CUDA_RELU;"
         "src=CUDA_RELU.split('ext = load_inline')[0]; exec(src);"
         "t=time.perf_counter(); c.load_inline(name='bench_relu', cpp_sources=cpp, cuda_sources=cuda, functions=['relu_cuda']);"
-        "print(time.perf_counter()-t)"
+        "print(log.to_json()[-1]['strategy'], file=sys.stderr); print(time.perf_counter()-t)"
     )
     cache = tempfile.mkdtemp()
-    compile_only = [float(subprocess.run([sys.executable, "-c", script, cache], capture_output=True, text=True, check=True).stdout.split()[-1])
-                    for _ in range(2)]
+    runs = [subprocess.run([sys.executable, "-c", script, cache], capture_output=True, text=True, check=True) for _ in range(2)]
+    compile_only = [float(run.stdout.split()[-1]) for run in runs]
     return {"eval_cold_s": cold, "eval_hit_s": hits, "eval_cold_p50_s": statistics.median(cold),
             "eval_hit_p50_s": statistics.median(hits), "statuses": statuses,
-            "load_inline_cold_s": compile_only[0], "load_inline_hit_s": compile_only[1]}
+            "load_inline_cold_s": compile_only[0], "load_inline_hit_s": compile_only[1],
+            "load_inline_cold_strategy": runs[0].stderr.strip().splitlines()[-1] if runs[0].stderr.strip() else None}
 
 
 def gpu_hacks(evaluator) -> dict:  # type: ignore[no-untyped-def]
@@ -155,7 +160,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="Run only these steps.")
     args = parser.parse_args()
     os.environ.setdefault("KZ_DATA_DIR", tempfile.mkdtemp(prefix="kz-bench-"))
-    os.environ.setdefault("KZ_REWARD_WARM_CHILDREN", "2")
     from reward_svc.evaluate import Evaluator
     from services.sandbox import sandbox_available
 
