@@ -6,6 +6,8 @@ misbehave on purpose."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -221,6 +224,36 @@ def test_llm_generator_over_http_records_model_prompt_and_declines(served: tuple
         prompt = draft.details["prompt"]
         assert prompt[0] == {"role": "system", "content": "Be brief."} and RELU_MODULE.rstrip() in prompt[1]["content"]
     assert generator.describe()["model"] == "tiny"
+
+
+@pytest.mark.slow
+def test_coder_serve_command(tiny: dict[str, Path], free_port: Callable[[], int]) -> None:
+    """``kernelzero coder serve`` in its own process: the model list and a chat completion with usage."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "kernelzero"), "coder", "serve", "--model", str(tiny["model"]),
+               "--lora", str(tiny["lora_a"]), "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read().decode()[-2000:] if process.stderr else ""
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()["data"]
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "kernelzero coder serve did not come up"
+                time.sleep(0.25)
+        assert [m["id"] for m in models] == ["tiny", "lora-a"] and models[1]["parent"] == "tiny"
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "lora-a", "messages": MESSAGES, "n": 2, "max_tokens": 5, "temperature": 0.0}).json()
+        assert answer["model"] == "lora-a" and len(answer["choices"]) == 2
+        assert answer["choices"][0]["message"]["content"] == answer["choices"][1]["message"]["content"]  # greedy
+        usage = answer["usage"]
+        assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 10
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 # --- retries, fallbacks and concurrency against misbehaving real servers ------------------------
