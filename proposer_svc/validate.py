@@ -85,51 +85,66 @@ def check_structure(tree: ast.Module) -> str | None:
 
 
 class _Canonical(ast.NodeTransformer):
-    """Renames what the module itself names (variables, arguments, functions, attributes of self,
-    import aliases) to v0, v1, ... in order of first appearance; drops docstrings and annotations."""
+    """Renames what the module itself names, scope by scope, in order of first appearance: module
+    names (constants, functions, import aliases) to g0, g1, ...; a function's arguments and locals
+    to l<depth>_0, ...; attributes set on self to a0, ...; drops docstrings and annotations."""
 
-    def __init__(self, defined: set[str], attributes: set[str]) -> None:
-        self.defined, self.attributes = defined, attributes
-        self.names: dict[str, str] = {}
+    def __init__(self, module_names: set[str], attributes: set[str]) -> None:
+        self.module_names, self.attributes = module_names, attributes
+        self.globals: dict[str, str] = {}
+        self.attrs: dict[str, str] = {}
+        self.scopes: list[tuple[set[str], dict[str, str]]] = []  # (locals, their new names), innermost last
 
-    def canonical(self, name: str) -> str:
-        return self.names.setdefault(name, f"v{len(self.names)}")
+    def rename(self, name: str) -> str:
+        for local, names in reversed(self.scopes):
+            if name in local:
+                return names.setdefault(name, f"l{len(self.scopes)}_{len(names)}")
+        if name in self.module_names:
+            return self.globals.setdefault(name, f"g{len(self.globals)}")
+        return name
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id in self.defined:
-            node.id = self.canonical(node.id)
+        node.id = self.rename(node.id)
         return node
 
     def visit_arg(self, node: ast.arg) -> ast.AST:
         node.annotation = None
-        if node.arg in self.defined:
-            node.arg = self.canonical(node.arg)
+        node.arg = self.rename(node.arg)
         return node
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         self.generic_visit(node)
         if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in self.attributes:
-            node.attr = self.canonical("self." + node.attr)
+            node.attr = self.attrs.setdefault(node.attr, f"a{len(self.attrs)}")
+        return node
+
+    def _in_scope(self, node: ast.FunctionDef | ast.Lambda) -> ast.AST:
+        args = node.args
+        local = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None}
+        local |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        self.scopes.append((local - _FIXED_NAMES, {}))
+        self.generic_visit(node)
+        self.scopes.pop()
         return node
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
-        if node.name in self.defined:
-            node.name = self.canonical(node.name)
+        node.name = self.rename(node.name)
         node.returns = None
         node.body = _without_docstring(node.body)
-        self.generic_visit(node)
-        return node
+        return self._in_scope(node)
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+        return self._in_scope(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
-        if node.name in self.defined:
-            node.name = self.canonical(node.name)
+        node.name = self.rename(node.name)
         node.body = _without_docstring(node.body)
         self.generic_visit(node)
         return node
 
     def visit_alias(self, node: ast.alias) -> ast.AST:
-        if node.asname in self.defined:
-            node.asname = self.canonical(node.asname)
+        if node.asname:
+            node.asname = self.rename(node.asname)
         return node
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
@@ -153,22 +168,21 @@ def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
 def normalise_source(tree: ast.Module) -> str:
     """The module's code without what does not change what it computes (comments, docstrings,
     annotations, formatting, the names it chose)."""
-    defined: set[str] = set()
+    module_names: set[str] = set()
     attributes: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            module_names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            module_names |= {a.asname for a in node.names if a.asname}
+        else:
+            module_names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            defined.add(node.id)
-        elif isinstance(node, ast.arg):
-            defined.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.alias) and node.asname:
-            defined.add(node.asname)
-        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-              and isinstance(node.value, ast.Name) and node.value.id == "self"):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name) and node.value.id == "self"):
             attributes.add(node.attr)
-    defined -= _FIXED_NAMES | set(dir(builtins))
-    tree = _Canonical(defined, attributes).visit(tree)
+    module_names -= _FIXED_NAMES | set(dir(builtins))
+    tree = _Canonical(module_names, attributes).visit(tree)
     tree.body = _without_docstring(tree.body)
     return ast.unparse(ast.fix_missing_locations(tree))
 

@@ -71,9 +71,32 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# The checks below read outputs through reductions and chunks: an output may be most of the
+# memory the child is allowed, so no check may allocate another tensor of its size.
+_CHUNK = 1 << 22
+
+
+def _chunks(t: torch.Tensor) -> list[torch.Tensor]:
+    flat = t.reshape(-1)
+    return [flat[i:i + _CHUNK] for i in range(0, flat.numel(), _CHUNK)]
+
+
 def _scale(outputs: list[torch.Tensor]) -> float:
-    values = [float(t.abs().max()) for t in outputs if t.numel() and (t.is_floating_point() or t.is_complex())]
+    values = [max(abs(float(lo)), abs(float(hi))) for t in outputs if t.numel() and t.is_floating_point()
+              for lo, hi in [torch.aminmax(t)]]
     return max(values, default=0.0)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def nonfinite_count(t: torch.Tensor) -> int:
+    if not (t.is_floating_point() or t.is_complex()):
+        return 0
+    wide = torch.complex128 if t.is_complex() else torch.float64
+    # A chunk whose wide sum is finite holds no NaN or Inf; only the others are counted.
+    return sum(int((~torch.isfinite(c)).sum()) for c in _chunks(t) if not bool(torch.isfinite(c.sum(dtype=wide))))
 
 
 def relative_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -86,10 +109,9 @@ def relative_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     for x, y in zip(a, b):
         if x.shape != y.shape or x.dtype != y.dtype:
             return float("inf")
-        if x.numel() == 0:
-            continue
-        if x.is_floating_point() or x.is_complex():
-            worst = max(worst, float((x - y).abs().max()) / scale)
+        if x.is_floating_point():
+            for cx, cy in zip(_chunks(x), _chunks(y)):
+                worst = max(worst, float((cx - cy).abs().max()) / scale)
         elif not torch.equal(x, y):
             return float("inf")
     return worst
@@ -99,21 +121,25 @@ def _constant_reason(outputs: list[torch.Tensor], rtol: float) -> str | None:
     for k, t in enumerate(outputs):
         if t.numel() < 2:
             continue  # a scalar (a loss) is judged by how it varies across seeds instead
-        flat = t.reshape(-1)
-        if bool((flat == flat[0]).all()):
-            return f"every one of the {t.numel()} values of output {k} equals {flat[0].item():.6g}"
-        if t.is_floating_point():
-            hi, lo = float(flat.max()), float(flat.min())
-            spread = (hi - lo) / max(abs(hi), abs(lo))
-            if spread < rtol:
-                return f"output {k} is near-constant: its values span {spread:.2e} of their magnitude (< {rtol:g})"
+        if t.dtype == torch.bool:
+            if bool(t.all()) or not bool(t.any()):
+                return f"every one of the {t.numel()} values of output {k} is {bool(t.reshape(-1)[0])}"
+            continue
+        if t.is_complex():
+            continue
+        lo, hi = (float(v) for v in torch.aminmax(t))
+        if lo == hi:
+            return f"every one of the {t.numel()} values of output {k} equals {lo:.6g}"
+        spread = (hi - lo) / max(abs(hi), abs(lo))
+        if t.is_floating_point() and spread < rtol:
+            return f"output {k} is near-constant: its values span {spread:.2e} of their magnitude (< {rtol:g})"
     return None
 
 
 def _perturbed(original: torch.Tensor, resampled: torch.Tensor, seed: int) -> torch.Tensor | None:
     """Another value for one input: a fresh draw from get_inputs(), or noise where that input does
     not depend on the seed; None where there is no meaningful way to change it (fixed integers)."""
-    if not tensors.same_bits(original, resampled):
+    if not _same(original, resampled):
         return resampled
     if original.is_floating_point():
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -191,7 +217,7 @@ class Checker:
         graph_hash = recorder.digest.hexdigest()
         d["graph_hash"] = graph_hash
 
-        nonfinite = sum(int((~torch.isfinite(t)).sum()) for t in out if t.is_floating_point() or t.is_complex())
+        nonfinite = sum(nonfinite_count(t) for t in out)
         if nonfinite:
             total = sum(t.numel() for t in out)
             raise Rejected("nan_inf", f"{nonfinite} of {total} output values are NaN or Inf")
@@ -206,7 +232,7 @@ class Checker:
         threshold = max(spec["change_rtol"], 2 * noise)
 
         other = self.inputs(module, seed_b)
-        if all(tensors.same_bits(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(base, other)):
+        if all(_same(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(base, other)):
             raise Rejected("seed_invariant", "get_inputs() returns the same inputs for every seed")
         change = relative_change(out, self.forward(model, other, "in forward (inputs of another seed)"))
         d["seed_change"] = change
@@ -274,10 +300,12 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         checker.run()
         result = {"valid": True, "rule": None, "reason": "passed every check"}
-    except Rejected as rejection:
+    except Exception as exc:  # a failure of the checks themselves (out of memory in them) is a verdict too
+        rejection = exc if isinstance(exc, Rejected) else _failure(exc, "while checking its output")
         result = {"valid": False, "rule": rejection.rule, "reason": rejection.reason}
-        if rejection.__cause__ is not None:
-            checker.details["traceback"] = "".join(traceback.format_exception(rejection.__cause__)[-4:])[-1500:]
+        cause = exc.__cause__ if isinstance(exc, Rejected) else exc
+        if cause is not None:
+            checker.details["traceback"] = "".join(traceback.format_exception(cause)[-4:])[-1500:]
     details = checker.details
     return {**result, "graph_hash": details.pop("graph_hash", None), "details": details}
 
