@@ -139,7 +139,7 @@ def test_generate_json(problems: Path) -> None:
         outputs[name] = json.loads(run.stdout)
     relu, matmul = outputs["1_ReLU.py"], outputs["3_Matmul.py"]
     assert relu["correct"] is True and "@triton.jit" in relu["kernel"] and relu["speedup"] is None and relu["reason"]
-    assert [v["status"] for v in relu["verdicts"]] == ["correct", "correct"]
+    assert relu["verdicts"] and all(v["status"] == "correct" for v in relu["verdicts"])
     assert matmul["correct"] is False and matmul["kernel"] is None
     assert matmul["reason"].startswith("no candidate to score") and all(v["status"] == "declined" for v in matmul["verdicts"])
 

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from coder_svc.best_of_n import LocalScorer, score_drafts
 from coder_svc.models.base import KernelBackend, KernelGenerator, Sampling
+from services.schemas.coder import CandidateReport
 from services.schemas.reward import ScoreOptions
 
 SAMPLES_FILE = "samples.jsonl"
@@ -105,27 +106,31 @@ class Harness:
         t0 = time.perf_counter()
         reports, _ = score_drafts(module, drafts, self.scorer, self.options)
         evaluation_s = time.perf_counter() - t0
-        records = []
-        for index, report in zip(indices, reports):
-            verdict = report.verdict
-            records.append({
-                "problem": problem.id, "level": problem.level, "sample": index, "model": report.model,
-                "status": verdict.status if verdict else "declined", "correct": bool(verdict and verdict.correct),
-                "reason": verdict.reason if verdict else (report.declined or "no code in the reply"),
-                "speedup": verdict.speedup if verdict else None, "runtime_ms": verdict.runtime_ms if verdict else None,
-                "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None, "device": verdict.device if verdict else None,
-                "kernel": report.source, "generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices),
-            })
-        # The generator may return fewer drafts than asked: the missing samples count as failures.
-        for index in indices[len(reports):]:
-            records.append({"problem": problem.id, "level": problem.level, "sample": index, "model": self.generator.name,
-                            "status": "declined", "correct": False, "reason": "the generator returned fewer samples than asked",
-                            "speedup": None, "runtime_ms": None, "ref_runtime_ms": None, "device": None, "kernel": None,
-                            "generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices)})
+        per_sample = {"generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices)}
+        # A generator returns up to n drafts; one that has fewer to give (the deterministic
+        # template has exactly one) is drawn again: later samples reuse its drafts in turn.
+        records = [{"problem": problem.id, "level": problem.level, "sample": index,
+                    **_outcome(reports[position % len(reports)] if reports else None, self.generator.name), **per_sample}
+                   for position, index in enumerate(indices)]
         overhead_s = (time.perf_counter() - started - generation_s - evaluation_s) / len(indices)
         lines = [json.dumps({**r, "overhead_s": overhead_s}) for r in records]
         with (self.out / SAMPLES_FILE).open("a") as f:
             f.write("".join(line + "\n" for line in lines))
+
+
+def _outcome(report: CandidateReport | None, generator_name: str) -> dict[str, Any]:
+    verdict = report.verdict if report else None
+    if report is None:
+        status, reason = "declined", "the generator returned no draft"
+    elif verdict is None:
+        status, reason = "declined", report.declined or "no code in the reply"
+    else:
+        status, reason = verdict.status, verdict.reason
+    return {"model": report.model if report else generator_name, "draft": report.index if report else None,
+            "status": status, "correct": bool(verdict and verdict.correct), "reason": reason,
+            "speedup": verdict.speedup if verdict else None, "runtime_ms": verdict.runtime_ms if verdict else None,
+            "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None, "device": verdict.device if verdict else None,
+            "kernel": report.source if report else None}
 
 
 def _progress() -> Progress:
