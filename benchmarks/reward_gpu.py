@@ -142,6 +142,18 @@ def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
             "load_inline_cold_strategy": runs[0].stderr.strip().splitlines()[-1] if runs[0].stderr.strip() else None}
 
 
+def compiled_reference(evaluator) -> dict:  # type: ignore[no-untyped-def]
+    """The reference timed in eager mode and under torch.compile, in the same sandboxed child."""
+    from reward_cases import CORRECT
+    from reward_svc.evaluate import EvalOptions
+
+    reference = relu_reference(1 << 24)
+    start = time.perf_counter()
+    verdict = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cuda", time_compiled=True)).verdicts[0]
+    return {"status": verdict.status, "wall_s": time.perf_counter() - start, "ref_runtime_ms": verdict.ref_runtime_ms,
+            "runtime_ms": verdict.runtime_ms, "speedup": verdict.speedup, "speedup_vs_compiled": verdict.details.get("speedup_vs_compiled")}
+
+
 def gpu_hacks(evaluator) -> dict:  # type: ignore[no-untyped-def]
     from test_reward_gpu import SIDE_STREAM
     from reward_cases import HACKS, RELU_REFERENCE
@@ -172,7 +184,7 @@ def main() -> None:
     evaluator = Evaluator()
     for name, step in (("timing_accuracy", lambda: timing_accuracy()), ("triton_end_to_end", lambda: triton_end_to_end(evaluator)),
                        ("repeatability", lambda: repeatability(evaluator)), ("cuda_compile", lambda: cuda_compile(evaluator)),
-                       ("gpu_hacks", lambda: gpu_hacks(evaluator))):
+                       ("gpu_hacks", lambda: gpu_hacks(evaluator)), ("compiled_reference", lambda: compiled_reference(evaluator))):
         if args.only and name not in args.only:
             continue
         start = time.perf_counter()
