@@ -1,0 +1,123 @@
+"""The op graph the trace child prints and the parent validates: a torch.fx graph as plain JSON.
+
+Everything here came out of an untrusted process: names are checked to be identifiers or dotted
+identifiers before any of them can reach generated source, and constants are plain JSON values.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import TypeAliasType
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+MAX_NODES = 5000
+
+
+class TensorMeta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shape: list[Annotated[int, Field(ge=0)]]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class NodeRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str
+
+
+class DtypeConst(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dtype: str
+
+
+class SliceConst(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    slice: list[Union[int, None, NodeRef]]
+
+
+class TupleConst(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tuple: list["Arg"]
+
+
+class Opaque(BaseModel):
+    """A constant the trace could not express (an object): the node that holds it is never generated."""
+
+    model_config = ConfigDict(extra="forbid")
+    opaque: str
+
+
+Arg = TypeAliasType("Arg", Union[bool, int, float, str, None, NodeRef, DtypeConst, SliceConst, TupleConst, Opaque, list["Arg"]])
+TupleConst.model_rebuild()
+
+
+class ModuleInfo(BaseModel):
+    """A call_module's class and its constant attributes (e.g. LeakyReLU's negative_slope)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cls: str
+    attrs: dict[str, Arg] = {}
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    op: Literal["placeholder", "get_attr", "call_function", "call_method", "call_module", "output"]
+    target: str
+    args: list[Arg] = []
+    kwargs: dict[str, Arg] = {}
+    meta: TensorMeta | list[TensorMeta | None] | None = None
+    module: ModuleInfo | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not IDENTIFIER.match(value):
+            raise ValueError(f"node name {value!r} is not an identifier")
+        return value
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        if not DOTTED.match(value):
+            raise ValueError(f"target {value!r} is not a dotted name")
+        return value
+
+    @property
+    def tensor(self) -> TensorMeta | None:
+        return self.meta if isinstance(self.meta, TensorMeta) else None
+
+
+class Graph(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[Node] = Field(max_length=MAX_NODES)
+    traced_on: str
+    """'meta' (shapes only, nothing allocated) or 'cpu' (the module would not build on meta)."""
+
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+
+def node_refs(value: Any) -> list[str]:
+    """Names of the nodes an argument refers to, in order."""
+    if isinstance(value, NodeRef):
+        return [value.node]
+    if isinstance(value, TupleConst):
+        return node_refs(value.tuple)
+    if isinstance(value, SliceConst):
+        return node_refs(value.slice)
+    if isinstance(value, list):
+        return [name for item in value for name in node_refs(item)]
+    if isinstance(value, dict):
+        return [name for item in value.values() for name in node_refs(item)]
+    return []

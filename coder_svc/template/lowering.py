@@ -1,0 +1,283 @@
+"""What each fx node means to the generator: a pointwise op, a reduction, a softmax, an alias, or
+something PyTorch keeps doing (None).
+
+Functions, methods and ``torch.nn`` activation modules all map onto one small vocabulary, so the
+fusion and code generation never look at fx targets again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from coder_svc.template.graph import Graph, Node, NodeRef, TupleConst
+
+Operand = Union[str, float, int, bool]
+"""A node name (a tensor value) or a Python scalar."""
+
+FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+
+# name -> parameter names after the input, with defaults; what the Triton emitter needs.
+UNARY: dict[str, tuple[tuple[str, Any], ...]] = {
+    **{name: () for name in (
+        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "negative", "silu", "mish", "selu",
+        "hardsigmoid", "hardswish", "softsign", "relu6", "logsigmoid", "square", "reciprocal", "erf", "sin", "cos",
+        "log2", "exp2", "log1p", "expm1", "floor", "ceil", "sign", "tanhshrink")},
+    "gelu": (("approximate", "none"),),
+    "leaky_relu": (("negative_slope", 0.01),),
+    "elu": (("alpha", 1.0),),
+    "celu": (("alpha", 1.0),),
+    "softplus": (("beta", 1.0), ("threshold", 20.0)),
+    "hardtanh": (("min_val", -1.0), ("max_val", 1.0)),
+    "threshold": (("threshold", None), ("value", None)),
+}
+BINARY = {"add", "sub", "mul", "div", "true_divide", "truediv", "rsub", "maximum", "minimum", "fmax", "fmin",
+          "gt", "lt", "ge", "le", "eq", "ne", "pow"}
+ALIASES = {"subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div", "truediv": "div",
+           "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
+           "negative": "neg", "clip": "clamp", "swish": "silu"}
+REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "logsumexp", "norm", "var", "std"}
+SOFTMAXES = {"softmax", "log_softmax"}
+IDENTITIES = {"contiguous", "clone", "detach", "dropout", "alpha_dropout", "feature_alpha_dropout",
+              "dropout1d", "dropout2d", "dropout3d"}
+
+# torch.nn modules (only these classes, never a user class of the same name) -> op and attributes.
+MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ReLU": ("relu", ()), "ReLU6": ("relu6", ()), "LeakyReLU": ("leaky_relu", ("negative_slope",)),
+    "GELU": ("gelu", ("approximate",)), "Sigmoid": ("sigmoid", ()), "Tanh": ("tanh", ()), "SiLU": ("silu", ()),
+    "Mish": ("mish", ()), "Softplus": ("softplus", ("beta", "threshold")), "ELU": ("elu", ("alpha",)),
+    "CELU": ("celu", ("alpha",)), "SELU": ("selu", ()), "Hardtanh": ("hardtanh", ("min_val", "max_val")),
+    "Hardsigmoid": ("hardsigmoid", ()), "Hardswish": ("hardswish", ()), "Softsign": ("softsign", ()),
+    "LogSigmoid": ("logsigmoid", ()), "Tanhshrink": ("tanhshrink", ()), "Threshold": ("threshold", ("threshold", "value")),
+    "Softmax": ("softmax", ("dim",)), "LogSoftmax": ("log_softmax", ("dim",)),
+    "Identity": ("identity", ()), "Dropout": ("identity", ()), "Dropout1d": ("identity", ()),
+    "Dropout2d": ("identity", ()), "Dropout3d": ("identity", ()), "AlphaDropout": ("identity", ()),
+}
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    fn: str
+    operands: tuple[Operand, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, name: str) -> Any:
+        return dict(self.attrs)[name]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    kind: str  # sum mean max min prod logsumexp norm1 norm2 var std
+    source: str
+    dims: tuple[int, int]  # reduced dims are the range [dims[0], dims[1])
+    keepdim: bool
+    correction: float = 0.0
+    tuple_output: bool = False  # torch.max(x, dim) returns (values, indices): only values are generated
+
+
+@dataclass(frozen=True)
+class Softmax:
+    kind: str  # softmax or log_softmax
+    source: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class Alias:
+    source: str
+
+
+Lowered = Union[Elementwise, Reduce, Softmax, Alias, None]
+
+
+@dataclass
+class _Call:
+    """A node as (op name, input, arguments by name), whatever form it was written in."""
+
+    name: str
+    positional: list[Any]
+    named: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, index: int, key: str, default: Any = None) -> Any:
+        if key in self.named:
+            return self.named[key]
+        return self.positional[index] if index < len(self.positional) else default
+
+
+def _call_of(node: Node) -> _Call | None:
+    if node.op == "call_function":
+        for prefix in ("torch.nn.functional.", "torch.special.", "torch.", "operator."):
+            if node.target.startswith(prefix) and "." not in node.target[len(prefix):]:
+                name = node.target[len(prefix):]
+                if prefix == "operator." and name == "getitem":
+                    return _Call("getitem", list(node.args), dict(node.kwargs))
+                return _Call(name, list(node.args), dict(node.kwargs))
+        return None
+    if node.op == "call_method":
+        return _Call(node.target, list(node.args), dict(node.kwargs))
+    if node.op == "call_module" and node.module and node.module.cls.startswith("torch.nn.modules."):
+        entry = MODULES.get(node.module.cls.rsplit(".", 1)[1])
+        if entry is None:
+            return None
+        name, attr_names = entry
+        named = {k: _plain(node.module.attrs[k]) for k in attr_names if k in node.module.attrs}
+        return _Call(name, list(node.args), named)
+    return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, TupleConst):
+        return [_plain(v) for v in value.tuple]
+    return value
+
+
+def _operand(value: Any) -> Operand | None:
+    if isinstance(value, NodeRef):
+        return value.node
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        return value
+    return None
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _dims(value: Any, rank: int) -> tuple[int, int] | None:
+    """A dim argument as a contiguous range [d0, d1), or None if it is not one."""
+    value = _plain(value)
+    if value is None or value == []:
+        dims = list(range(rank))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        dims = [value]
+    elif isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        dims = list(value)
+    else:
+        return None
+    if rank == 0:
+        return (0, 0) if all(d in (0, -1) for d in dims) else None
+    norm = sorted({d % rank for d in dims if -rank <= d < rank})
+    if len(norm) != len(dims) or norm != list(range(norm[0], norm[-1] + 1)):
+        return None
+    return norm[0], norm[-1] + 1
+
+
+def lower(node: Node, graph: dict[str, Node]) -> Lowered:
+    call = _call_of(node)
+    if call is None or not call.positional:
+        return None
+    # In-place forms (relu_, add_) compute the same values; fusion refuses them where the mutation is observed.
+    name = call.name[:-1] if call.name.endswith("_") and not call.name.startswith("_") else call.name
+    name = ALIASES.get(name, name)
+    source = call.positional[0]
+    if name == "getitem":
+        src = graph.get(source.node) if isinstance(source, NodeRef) else None
+        if src is not None and call.get(1, "index") == 0 and isinstance(lower(src, graph), Reduce):
+            return Alias(source.node) if lower(src, graph).tuple_output else None  # type: ignore[union-attr]
+        return None
+    if name == "identity" or name in IDENTITIES:
+        if name.startswith(("dropout", "alpha", "feature")) and call.get(2, "training", call.named.get("train", True)):
+            return None  # dropout in training mode really drops: not an identity
+        return Alias(source.node) if isinstance(source, NodeRef) else None
+    if name in ("float", "to", "type") and isinstance(source, NodeRef):
+        src = graph.get(source.node)
+        if src is not None and src.tensor and node.tensor and src.tensor.dtype == node.tensor.dtype and src.tensor.shape == node.tensor.shape:
+            return Alias(source.node)
+        return None
+    if name in UNARY:
+        operand = _operand(source)
+        if not isinstance(operand, str):
+            return None
+        attrs = tuple((key, _plain(call.get(i + 1, key, default))) for i, (key, default) in enumerate(UNARY[name]))
+        if any(not (_scalar(v) or isinstance(v, str) or v is None) for _, v in attrs):
+            return None
+        if name == "gelu" and dict(attrs)["approximate"] not in ("none", "tanh"):
+            return None
+        if name == "threshold" and not all(_scalar(v) for _, v in attrs):
+            return None
+        return Elementwise(name, (operand,), attrs)
+    if name in ("clamp", "clamp_min", "clamp_max"):
+        lo = call.get(1, "min") if name in ("clamp", "clamp_min") else None
+        hi = call.get(2, "max") if name == "clamp" else call.get(1, "max") if name == "clamp_max" else None
+        bounds = [_operand(v) for v in (lo, hi) if v is not None]
+        x = _operand(source)
+        if not isinstance(x, str) or not bounds or None in bounds:
+            return None
+        return Elementwise("clamp", (x, *bounds), (("has_min", lo is not None), ("has_max", hi is not None)))  # type: ignore[arg-type]
+    if name == "where":
+        operands = [_operand(call.get(i, key)) for i, key in enumerate(("condition", "input", "other"))]
+        if any(o is None for o in operands) or not isinstance(operands[0], str):
+            return None
+        return Elementwise("where", tuple(operands))  # type: ignore[arg-type]
+    if name in ("max", "min") and (isinstance(call.get(1, "other"), NodeRef)):
+        return _binary("maximum" if name == "max" else "minimum", call)
+    if name in BINARY:
+        return _binary(name, call)
+    if name in REDUCTIONS:
+        return _reduction(name, call, node, graph)
+    if name in SOFTMAXES:
+        if not isinstance(source, NodeRef) or call.get(2, "dtype") is not None or call.get(1, "dim") is None:
+            return None
+        src = graph.get(source.node)
+        rank = len(src.tensor.shape) if src is not None and src.tensor else None
+        dim = call.get(1, "dim")
+        if rank is None or not isinstance(dim, int) or not -max(rank, 1) <= dim < max(rank, 1):
+            return None
+        return Softmax(name, source.node, dim % max(rank, 1))
+    return None
+
+
+def _binary(name: str, call: _Call) -> Elementwise | None:
+    a, b = _operand(call.positional[0]), _operand(call.get(1, "other", call.get(1, "exponent")))
+    if a is None or b is None or not (isinstance(a, str) or isinstance(b, str)):
+        return None
+    alpha = call.named.get("alpha", 1)
+    if call.named.get("rounding_mode") is not None or not _scalar(alpha):
+        return None
+    name = ALIASES.get(name, name)
+    if name in ("add", "sub", "rsub") and alpha != 1:
+        return Elementwise(name, (a, b), (("alpha", alpha),))
+    return Elementwise(name, (a, b))
+
+
+def _reduction(name: str, call: _Call, node: Node, graph: dict[str, Node]) -> Reduce | None:
+    source = call.positional[0]
+    src = graph.get(source.node) if isinstance(source, NodeRef) else None
+    if src is None or src.tensor is None or src.tensor.dtype not in FLOAT_DTYPES:
+        return None
+    rank = len(src.tensor.shape)
+    tuple_output = False
+    correction = 0.0
+    if name == "norm":
+        p = call.get(1, "p", "fro")
+        if p in ("fro", 2, 2.0):
+            kind = "norm2"
+        elif p in (1, 1.0):
+            kind = "norm1"
+        else:
+            return None
+        dim, keepdim = call.get(2, "dim"), call.get(3, "keepdim", False)
+        if call.get(4, "out") is not None or call.get(5, "dtype") is not None:
+            return None
+    else:
+        dim, keepdim = call.get(1, "dim"), call.get(2, "keepdim", False)
+        kind = {"amax": "max", "amin": "min"}.get(name, name)
+        if name in ("max", "min"):
+            tuple_output = dim is not None
+            if tuple_output and not isinstance(dim, int):
+                return None
+        if name in ("var", "std"):
+            unbiased = call.named.get("unbiased", True)
+            correction = call.named.get("correction", 1 if unbiased else 0)
+            if not _scalar(correction):
+                return None
+        elif name in ("sum", "mean", "prod") and call.named.get("dtype") is not None:
+            return None
+        if name == "logsumexp" and dim is None:
+            return None
+    if not isinstance(keepdim, bool):
+        return None
+    dims = _dims(dim, rank)
+    if dims is None or dims[0] == dims[1] and rank > 0:
+        return None
+    return Reduce(kind, source.node, dims, keepdim, float(correction), tuple_output)

@@ -1,0 +1,142 @@
+"""The trace child: builds the untrusted module, traces it with torch.fx, prints the op graph.
+
+Runs only inside the sandbox (``python -m coder_svc.template.trace_child`` with the module source
+on stdin); the parent never executes the module. Parameters and inputs are built on the 'meta'
+device where the module allows it, so huge KernelBench shapes cost no memory; shapes come from
+fx's ShapeProp. Prints one JSON object: ``{"graph": ...}`` or ``{"error": reason}``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+import operator
+import os
+import sys
+from typing import Any
+
+CONSTANT_TYPES = (bool, int, float, str, type(None))
+
+
+def _canonical_function(fn: Any) -> str:
+    import torch
+
+    name = getattr(fn, "__name__", None)
+    if name:
+        for prefix, namespace in (("torch.nn.functional", torch.nn.functional), ("torch", torch),
+                                  ("torch.special", torch.special), ("torch.linalg", torch.linalg),
+                                  ("operator", operator), ("builtins", builtins), ("math", math)):
+            if getattr(namespace, name, None) is fn:
+                return f"{prefix}.{name}"
+    return f"unknown.{name or 'function'}".replace("<", "_").replace(">", "_")
+
+
+def _arg(value: Any) -> Any:
+    import torch
+    import torch.fx
+
+    if isinstance(value, torch.fx.Node):
+        return {"node": value.name}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"opaque": repr(value)} if math.isnan(value) else value
+    if isinstance(value, CONSTANT_TYPES):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, slice):
+        return {"slice": [_arg(value.start), _arg(value.stop), _arg(value.step)]}
+    if isinstance(value, tuple):
+        return {"tuple": [_arg(v) for v in value]}
+    if isinstance(value, list):
+        return [_arg(v) for v in value]
+    return {"opaque": type(value).__name__}
+
+
+def _meta(value: Any) -> Any:
+    from torch.fx.passes.shape_prop import TensorMetadata
+
+    if isinstance(value, TensorMetadata):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, (tuple, list)) and value and any(isinstance(v, TensorMetadata) for v in value):
+        return [_meta(v) if isinstance(v, TensorMetadata) else None for v in value]
+    return None
+
+
+def _module_info(module: Any) -> dict[str, Any]:
+    cls = type(module)
+    attrs = {k: _arg(v) for k, v in vars(module).items()
+             if not k.startswith("_") and (isinstance(v, CONSTANT_TYPES) or (isinstance(v, tuple) and all(isinstance(x, CONSTANT_TYPES) for x in v)))}
+    return {"cls": f"{cls.__module__}.{cls.__qualname__}".replace("<", "_").replace(">", "_"), "attrs": attrs}
+
+
+def _build(module: Any, device: str) -> tuple[Any, list[Any]]:
+    import torch
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        init = list(module.get_init_inputs()) if hasattr(module, "get_init_inputs") else []
+        model = module.Model(*init)
+        inputs = list(module.get_inputs())
+    return model.eval(), inputs
+
+
+def trace(source: str) -> dict[str, Any]:
+    import types
+
+    import torch
+    import torch.fx
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    # Executed from memory: the child's /tmp may be read-only when the parent runs from there.
+    module = types.ModuleType("kz_traced")
+    sys.modules["kz_traced"] = module
+    exec(compile(source, "kz_traced.py", "exec"), module.__dict__)  # noqa: S102 (the sandboxed child's whole purpose)
+    for name in ("Model", "get_inputs"):
+        if not hasattr(module, name):
+            return {"error": f"the module defines no {name}"}
+    traced_on = "meta"
+    try:
+        model, inputs = _build(module, "meta")
+        graph_module = torch.fx.symbolic_trace(model)
+        ShapeProp(graph_module).propagate(*inputs)
+    except Exception as exc:  # some modules cannot build or run on meta (e.g. .item()): real tensors, under the sandbox memory limit
+        print(f"meta trace failed: {exc!r}", file=sys.stderr)
+        traced_on = "cpu"
+        model, inputs = _build(module, "cpu")
+        try:
+            graph_module = torch.fx.symbolic_trace(model)
+        except Exception as exc:
+            return {"error": f"torch.fx cannot trace the module: {type(exc).__name__}: {exc}"[:500]}
+        ShapeProp(graph_module).propagate(*inputs)
+    nodes = []
+    for node in graph_module.graph.nodes:
+        entry: dict[str, Any] = {"name": node.name, "op": node.op, "args": [_arg(a) for a in node.args],
+                                 "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
+                                 "meta": _meta(node.meta.get("tensor_meta"))}
+        if node.op == "call_function":
+            entry["target"] = _canonical_function(node.target)
+        elif node.op == "call_module":
+            entry["target"] = str(node.target)
+            entry["module"] = _module_info(graph_module.get_submodule(node.target))
+        else:
+            entry["target"] = str(node.target)
+        nodes.append(entry)
+    return {"graph": {"nodes": nodes, "traced_on": traced_on}}
+
+
+def main() -> None:
+    source = sys.stdin.read()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)  # whatever the module prints goes to stderr; stdout carries only the graph
+    try:
+        result = trace(source)
+    except BaseException as exc:  # noqa: BLE001 (the module's own failure is the answer)
+        result = {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
+    with os.fdopen(real_stdout, "wb") as out:
+        out.write(json.dumps(result).encode())
+    os._exit(0)  # no finalizers of the module's objects run after the answer
+
+
+if __name__ == "__main__":
+    main()
