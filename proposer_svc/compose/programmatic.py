@@ -133,7 +133,8 @@ class ProgrammaticComposer:
             input_shapes=[list(i.shape) for i in best.inputs],
             origin=self.name,
             details={"requested": list(api_set), "placed": best.placed, "glue": best.glue,
-                     "dropped": best.dropped, "flops": best.flops, "difficulty": hints.difficulty},
+                     "dropped": best.dropped, "flops": best.flops, "difficulty": hints.difficulty,
+                     "output_shape": list(best.operand.shape), "output_dtype": best.operand.dtype},
         )
 
     @staticmethod
