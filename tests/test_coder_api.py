@@ -79,7 +79,8 @@ def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:
         rows = session.scalars(select(Candidate).join(Score).where(Score.job_id == result["reward_job_id"])).all()
         assert task.origin == "coder-request"
         assert len(rows) == len(distinct)  # the reward service's rows, annotated, not a second copy
-        assert all(r.task_id == task.id and r.model_name == "template" for r in rows)
+        written_by = f"template@{result['candidates'][0]['model_version']}"  # the served model's name and version
+        assert all(r.task_id == task.id and r.model_name == written_by for r in rows), [r.model_name for r in rows]
         assert all(r.details["coder_job_id"] == data["job_id"] for r in rows)
         assert sorted(i for r in rows for i in r.details["draft_indices"]) == list(range(len(result["candidates"])))
 

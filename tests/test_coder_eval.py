@@ -82,6 +82,7 @@ def _lines(out: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow
 def test_eval_reports_and_resumes(problems: Path, tmp_path: Path) -> None:
     out = tmp_path / "eval"
     first = _eval(problems, out)
@@ -129,6 +130,7 @@ def test_discover_kernelbench_tree(tmp_path: Path) -> None:
     assert [(p.id, p.level) for p in found] == [("level1/1_C", 1), ("level1/2_A", 1), ("level2/1_D", 2)]
 
 
+@pytest.mark.slow
 def test_generate_json(problems: Path) -> None:
     outputs = {}
     for name in ("1_ReLU.py", "3_Matmul.py"):
