@@ -1,4 +1,4 @@
-"""Evaluation metrics against values computed by hand."""
+"""Evaluation metrics against values computed by hand; best-of-n's choice among verdicts."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import math
 
 import pytest
 
+from services.schemas.coder import CandidateReport
+from services.schemas.reward import VerdictOut
+
+from coder_svc.best_of_n import pick_best, summarize as summarize_best
 from coder_svc.evaluation.metrics import Outcome, fast_p, geometric_mean_speedup, mean_pass_at_k, pass_at_k, summarize
 
 C, W = Outcome(True), Outcome(False)
@@ -56,3 +60,26 @@ def test_summary_holds_every_metric() -> None:
     assert summary["pass_at_k"] == {"1": pytest.approx(0.25), "2": pytest.approx(0.5)}
     assert summary["fast_p"]["1.5"] == pytest.approx(0.25) and summary["fast_p_best"]["2.0"] == pytest.approx(0.5)
     assert summary["geomean_speedup"] == pytest.approx(3.0)
+
+
+def _report(index: int, status: str | None, speedup: float | None = None, reward: float = 0.0) -> CandidateReport:
+    verdict = None if status is None else VerdictOut(status=status, correct=status == "correct", reason=status,  # type: ignore[arg-type]
+                                                     reward=reward, speedup=speedup)
+    return CandidateReport(index=index, model="m", source=None if status is None else f"src{index}",
+                           declined="nothing to say" if status is None else None, verdict=verdict)
+
+
+def test_best_of_n_prefers_correct_then_measured_speed() -> None:
+    reports = [_report(0, "incorrect", 9.0), _report(1, "correct", None, 1.0), _report(2, "correct", 1.5, 1.2),
+               _report(3, "correct", 2.5, 1.0), _report(4, None)]
+    best = pick_best(reports)
+    assert best is not None and best.index == 3  # fastest correct, not the faster incorrect one
+    assert pick_best(reports[:2]) is reports[1]
+    assert pick_best([_report(0, "incorrect"), _report(1, None)]) is None
+    result = summarize_best(reports, "triton", "m", None)
+    assert result.correct and result.best_index == 3 and result.speedup == 2.5 and result.kernel == "src3"
+    assert result.correct_fraction == pytest.approx(3 / 5)
+    failed = summarize_best([_report(0, "incorrect"), _report(1, "rejected"), _report(2, None)], "triton", "m", None)
+    assert not failed.correct and failed.kernel is None and "incorrect 1, rejected 1" in failed.reason
+    declined = summarize_best([_report(0, None)], "cuda", "m", None)
+    assert declined.reason == "no candidate to score: nothing to say"
