@@ -114,7 +114,7 @@ def evaluate(
     run = {"model": generator.name, "backend": kernel_backend, "problems_dir": str(problems), "levels": wanted or "all",
            "device": options.device}
     write_report(records, samples, run, out)
-    console.print((out / "summary.md").read_text())
+    print((out / "summary.md").read_text())
     console.print(f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'summary.png'}; per-sample records in {out / 'samples.jsonl'}")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from coder_svc.best_of_n import LocalScorer, score_drafts
@@ -135,4 +136,4 @@ def _outcome(report: CandidateReport | None, generator_name: str) -> dict[str, A
 
 def _progress() -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), transient=False)
+                    TimeRemainingColumn(), console=Console(stderr=True))
