@@ -14,7 +14,11 @@ router = APIRouter(tags=["proposer"], dependencies=[Depends(require_api_key)])
 @router.post("/tasks/propose", response_model=ProposeResponse, status_code=202, responses={200: {"model": ProposeResponse}})
 def propose(request: ProposeRequest, response: Response) -> ProposeResponse:
     """Queue a proposal round. Waits up to ``wait_s`` for its summary (200), else answers 202 with the job id."""
-    job = service.wait_for(service.submit_propose(request).id, request.wait_s)
+    try:
+        submitted = service.submit_propose(request)
+    except service.ComposerUnavailable as exc:
+        raise HTTPException(400, str(exc)) from None
+    job = service.wait_for(submitted.id, request.wait_s)
     if job.status in ("succeeded", "failed"):
         response.status_code = 200
     result = ProposeSummary.model_validate(job.result) if job.result else None

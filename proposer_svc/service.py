@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import random
 import secrets
 import time
@@ -89,13 +90,23 @@ def sampling_stats(settings: Settings) -> tuple[ApiStats, str | None]:
 # --- proposing -------------------------------------------------------------------------------
 
 
+class ComposerUnavailable(ValueError):
+    """The requested composer cannot run in this deployment; the message says what is missing."""
+
+
+def check_composer(name: ComposerName, settings: Settings) -> None:
+    if name == "llm" and settings.coder_model_backend == "template":
+        raise ComposerUnavailable("the llm composer needs a model: set KZ_CODER_MODEL_BACKEND to openai or hf")
+    if name == "llm" and importlib.util.find_spec("proposer_svc.compose.llm") is None:
+        raise ComposerUnavailable("the llm composer is not part of this build")
+
+
 def build_composer(name: ComposerName, settings: Settings) -> Composer:
+    check_composer(name, settings)
     if name == "composer":
         from proposer_svc.compose.programmatic import ProgrammaticComposer
 
         return ProgrammaticComposer()
-    if settings.coder_model_backend == "template":
-        raise ValueError("the llm composer needs a model: set KZ_CODER_MODEL_BACKEND to openai or hf")
     from coder_svc.generators import build_chat_model
     from proposer_svc.compose.llm import LLMComposer
 
@@ -189,8 +200,10 @@ def propose(request: ProposeRequest, settings: Settings | None = None, parallel:
         if on_progress:
             on_progress("validate", len(done), len(fresh))
 
-    with Validator(ValidationOptions(device=request.device), settings) as validator:
-        verdicts = validator.validate_many([m.source for m in fresh], known_hashes(), parallel, validated)
+    verdicts: list[ValidationResult] = []
+    if fresh:
+        with Validator(ValidationOptions(device=request.device), settings) as validator:
+            verdicts = validator.validate_many([m.source for m in fresh], known_hashes(), parallel, validated)
     proposals += [store_task(m, v, request) for m, v in zip(fresh, verdicts)]
     return summarize(request, proposals, corpus, time.monotonic() - started)
 
@@ -208,8 +221,11 @@ def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str
 
 
 def submit_propose(request: ProposeRequest) -> Job:
-    """Queue a round. Without a seed one is drawn here, so a repeated request is a new round
-    rather than the idempotent replay of the last one."""
+    """Queue a round (``ComposerUnavailable`` before queueing when its composer cannot run).
+    Without a seed one is drawn here, so a repeated request is a new round rather than the
+    idempotent replay of the last one."""
+    settings = get_settings()
+    check_composer(request.backend or settings.proposer_composer, settings)
     payload = request.model_dump(exclude={"wait_s"})
     if payload["seed"] is None:
         payload["seed"] = secrets.randbelow(2**31)

@@ -140,10 +140,12 @@ def test_submit_without_waiting_answers_202(proposer_api: str) -> None:
     assert job.result is not None and job.result["requested"] == 1
 
 
-def test_bad_input_gets_422(proposer_api: str) -> None:
+def test_bad_input_gets_4xx(proposer_api: str) -> None:
     for bad in ({"count": 0}, {"count": 1000}, {"count": 1, "backend": "gpt"}, {"count": 1, "difficulty": 2}, {}):
         response = httpx.post(f"{proposer_api}/v1/tasks/propose", json=bad, timeout=10)
         assert response.status_code == 422, bad
+    unavailable = httpx.post(f"{proposer_api}/v1/tasks/propose", json={"count": 1, "backend": "llm"}, timeout=10)
+    assert unavailable.status_code == 400 and "KZ_CODER_MODEL_BACKEND" in unavailable.json()["detail"]
     response = httpx.get(f"{proposer_api}/v1/tasks", params={"status": "bogus"}, timeout=10)
     assert response.status_code == 422 and "status" in response.text
     assert httpx.get(f"{proposer_api}/v1/frontier", params={"count": -1}, timeout=10).status_code == 422
@@ -153,10 +155,14 @@ def test_cli_propose_json(platform_env: Callable[..., Settings], tmp_path: Path)
     platform_env(proposer_corpus="small")
     mine_small_corpus(tmp_path / "corpus")
     kernelzero = Path(sys.executable).with_name("kernelzero")
-    run = subprocess.run([str(kernelzero), "proposer", "propose", "--count", "2", "--device", "cpu", "--seed", "3", "--json"],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    command = [str(kernelzero), "proposer", "propose", "--count", "2", "--device", "cpu", "--seed", "3", "--json"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout)
     assert summary["requested"] == 2 and summary["corpus"] == "small"
     assert summary["valid"] + summary["rejected"] + summary["declined"] + summary["exists"] == 2
     assert summary["valid"] >= 1, summary["proposals"]
+    repeat = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert repeat.returncode == 0, repeat.stderr[-3000:]
+    again = json.loads(repeat.stdout)  # the same seed composes the same sources: nothing new is stored
+    assert again["exists"] == 2 - summary["declined"] and again["valid"] == again["rejected"] == 0
