@@ -36,6 +36,8 @@ def build_summary(records: list[dict[str, Any]], samples: int, run: dict[str, An
             **summarize(_outcomes(subset), ks),
             "statuses": dict(Counter(r["status"] for r in subset)),
             "solved": sorted({r["problem"] for r in subset if r["correct"]}),
+            # Why the generator gave nothing, per problem: which families it does not cover.
+            "declined": dict(Counter(r["reason"] for r in subset if r["status"] == "declined" and r["sample"] == 0).most_common()),
         }
     return {
         **run, "samples_per_problem": samples, "levels": levels, "overall": summarize(_outcomes(records), ks),
@@ -70,6 +72,8 @@ def markdown(summary: dict[str, Any]) -> str:
     for name, m in summary["levels"].items():
         statuses = ", ".join(f"{s} {c}" for s, c in sorted(m["statuses"].items()))
         lines += ["", f"## {name}", "", f"Statuses: {statuses}.", "", f"Solved ({len(m['solved'])}): {', '.join(m['solved']) or 'none'}."]
+        if m["declined"]:
+            lines += ["", "Declined (problems):", *[f"- {count}: {reason}" for reason, count in m["declined"].items()]]
     return "\n".join(lines) + "\n"
 
 
