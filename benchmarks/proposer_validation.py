@@ -10,16 +10,20 @@ Results go to benchmarks/results/proposer_<what>_<device>.json (with date and ma
 again after every verdict so a long run that is stopped keeps what it measured.
 
 KernelBench problems are sized for a GPU: on a CPU, set --max-ms generously (or 0 for no bound),
-a long --timeout and a --memory-gib that leaves room for --parallel children on this machine.
+a long --timeout and a --memory-gib that leaves room for --parallel children on this machine;
+--shrink CAP caps the files' module-level size constants, to check the rules on every problem's
+computation at a size a CPU runs (the report says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import datetime
 import itertools
 import json
+import operator
 import os
 import platform
 import sys
@@ -79,13 +83,50 @@ def write(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
 
 
+_OPS = {ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub, ast.FloorDiv: operator.floordiv,
+        ast.Pow: operator.pow}
+
+
+def _int_value(node: ast.expr) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _int_value(node.left), _int_value(node.right)
+        return None if left is None or right is None else _OPS[type(node.op)](left, right)
+    return None
+
+
+def shrink_source(source: str, cap: int, batch_cap: int) -> str:
+    """The problem with its module-level size constants (ints, and tuples of ints) capped: ``batch*``
+    names at ``batch_cap``, the rest at ``cap``; smaller values (kernel sizes, strides, reduction
+    dims) are left alone. The computation keeps its structure at a size a CPU runs in seconds; sizes
+    that were equal stay equal when both exceeded the caps (a batch that broadcasts against a
+    feature dim), so the default batch cap is the cap."""
+    tree = ast.parse(source)
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)):
+            continue
+        limit = batch_cap if any("batch" in t.id.lower() for t in node.targets if isinstance(t, ast.Name)) else cap
+        values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+        ints = [_int_value(v) for v in values]
+        if any(i is None for i in ints):
+            continue
+        shrunk = [ast.Constant(min(i, limit)) for i in ints if i is not None]
+        node.value = ast.Tuple(shrunk, ast.Load()) if isinstance(node.value, ast.Tuple) else shrunk[0]
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
 def run_problems(args: argparse.Namespace, options: ValidationOptions, validator: Validator) -> dict[str, Any]:
     files = [(d, f) for d in args.problems for f in sorted(Path(d).glob("*.py"), key=_problem_order)]
     report: dict[str, Any] = {"what": "KernelBench-format directories", "machine": machine(), "device": validator.device,
                               "options": asdict(options), "memory_limit_bytes": validator.settings.sandbox_memory_bytes,
-                              "parallel": args.parallel, "directories": {}, "failures": []}
-    out = args.out or RESULTS / f"proposer_validation_kernelbench_{validator.device}.json"
+                              "parallel": args.parallel, "directories": {}, "failures": [],
+                              "shrunk": {"cap": args.shrink, "batch_cap": args.shrink_batch or args.shrink} if args.shrink else None}
+    suffix = "_shrunk" if args.shrink else ""
+    out = args.out or RESULTS / f"proposer_validation_kernelbench_{validator.device}{suffix}.json"
     sources = [f.read_text() for _, f in files]
+    if args.shrink:
+        sources = [shrink_source(s, args.shrink, args.shrink_batch or args.shrink) for s in sources]
     results: dict[int, ValidationResult] = {}
     started = time.monotonic()
     with progress() as bar:
@@ -135,36 +176,48 @@ def _fill_problem_report(report: dict[str, Any], files: list[tuple[str, Path]], 
 
 
 def run_composer(args: argparse.Namespace, options: ValidationOptions, validator: Validator) -> dict[str, Any]:
+    import random
+
+    from proposer_svc.catalog import CATALOG
     from proposer_svc.compose.base import CompositionDeclined, ProposalHints
     from proposer_svc.compose.programmatic import ProgrammaticComposer
+    from proposer_svc.mining import default_corpus, mine
     from proposer_svc.sampling import sample_api_set
 
-    composer = ProgrammaticComposer()
+    settings = validator.settings
     out = args.out or RESULTS / f"proposer_validation_composer_{validator.device}.json"
     report: dict[str, Any] = {"what": f"{args.composer} modules from the programmatic composer", "machine": machine(),
-                              "device": validator.device, "options": asdict(options), "parallel": args.parallel}
+                              "device": validator.device, "options": asdict(options), "parallel": args.parallel,
+                              "api_set_size": settings.proposer_api_set_size, "temperature": settings.proposer_sample_temperature}
+    t0 = time.monotonic()
+    stats = mine(default_corpus()).stats  # the default corpus, in memory: the benchmark touches no database
+    report["mining_s"] = time.monotonic() - t0
+    report["catalog_apis"] = len(CATALOG)
+    composer = ProgrammaticComposer()
     declined: collections.Counter[str] = collections.Counter()
     results: list[tuple[Any, ValidationResult]] = []
     started = time.monotonic()
     compose_s = 0.0
+    seed = args.seed
     with progress() as bar:
         task = bar.add_task("compose+validate", total=args.composer, last="")
-        seed = args.seed
         while len(results) < args.composer:
             batch = []
             while len(batch) < min(args.batch, args.composer - len(results)):
                 t0 = time.monotonic()
-                api_set = sample_api_set(seed=seed)
+                rng = random.Random(seed)
+                api_set = sample_api_set(stats, CATALOG, settings.proposer_api_set_size, rng,
+                                         temperature=settings.proposer_sample_temperature)
                 try:
                     batch.append(composer.compose(api_set, ProposalHints(seed=seed)))
                 except CompositionDeclined as exc:
-                    declined[str(exc)[:80]] += 1
+                    declined[str(exc)[:100]] += 1
                 compose_s += time.monotonic() - t0
                 seed += 1
             known = {r.graph_hash for _, r in results if r.valid and r.graph_hash} | {r.source_hash for _, r in results if r.valid}
 
             def on_result(i: int, result: ValidationResult, batch: list[Any] = batch) -> None:
-                bar.update(task, advance=1, last=f"{'+'.join(batch[i].api_set)[:40]}: {result.rule or 'valid'}")
+                bar.update(task, advance=1, last=f"{'+'.join(batch[i].api_set)[:50]}: {result.rule or 'valid'}")
 
             verdicts = validator.validate_many([m.source for m in batch], known_hashes=known, parallel=args.parallel,
                                                on_result=on_result)
@@ -179,13 +232,12 @@ def _composer_summary(results: list[tuple[Any, ValidationResult]], declined: col
     valid = [m for m, r in results if r.valid]
     apis = {a for m in valid for a in m.api_set}
     pairs = {p for m in valid for p in itertools.combinations(sorted(set(m.api_set)), 2)}
-    apis_used = {a for m in valid for a in m.details.get("apis_used", m.api_set)}
     reasons = collections.Counter(f"{r.rule}: {r.reason[:120]}" for _, r in results if not r.valid)
     return {
         **summarise([r for _, r in results]),
         "share_valid": len(valid) / len(results) if results else 0.0,
         "declined_by_composer": dict(declined.most_common()),
-        "distinct_apis_valid": len(apis), "distinct_api_pairs_valid": len(pairs), "distinct_apis_used_valid": len(apis_used),
+        "distinct_apis_valid": len(apis), "distinct_api_pairs_valid": len(pairs),
         "distinct_apis_all": len({a for m, _ in results for a in m.api_set}),
         "wall_s": wall_s, "compose_s": compose_s,
         "proposals_per_minute": 60 * len(results) / wall_s if wall_s else None,
@@ -218,6 +270,9 @@ def main() -> None:
     parser.add_argument("--dedupe", action="store_true", help="--problems: also report duplicates among the files")
     parser.add_argument("--seed", type=int, default=0, help="--composer: first seed")
     parser.add_argument("--batch", type=int, default=50, help="--composer: modules validated per batch")
+    parser.add_argument("--shrink", type=int, default=0, metavar="CAP",
+                        help="--problems: cap the module-level size constants at CAP (0: run the files as they are)")
+    parser.add_argument("--shrink-batch", type=int, default=None, help="--shrink: cap of batch* constants (default: CAP)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 

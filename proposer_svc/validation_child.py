@@ -3,7 +3,7 @@
 A proposed module is untrusted code: this process imports it, runs it and checks that it is a
 task worth posing (it runs, no NaN/Inf, not constant, deterministic, its output depends on every
 input, on the input seed and on the parameters, its runtime lies within bounds). It is started
-by the reward service's child pool (warm-up first, then one job from stdin) and writes
+by the reward service's child pool (torch imported first, then one job from stdin) and writes
 ``result.json``: ``{"valid", "rule", "reason", "graph_hash", "details"}``. The first failed
 check decides the rule; ``details`` keeps the numbers gathered up to then.
 """
@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from reward_svc.harness import tensors
-from reward_svc.harness.child import warm_up
 from reward_svc.harness.instrument import OpRecorder
 from reward_svc.harness.loading import import_file
 from reward_svc.harness.reference import build_model, make_init_inputs
@@ -314,6 +313,16 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             checker.details["traceback"] = "".join(traceback.format_exception(cause)[-4:])[-1500:]
     details = checker.details
     return {**result, "graph_hash": details.pop("graph_hash", None), "details": details}
+
+
+def warm_up(device: str) -> None:
+    """torch (and CUDA) only: the reward child's warm-up also imports dynamo and Triton, which
+    doubles a child's start-up CPU and a module check needs neither."""
+    if device == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 
-def warm_up(device: str) -> None:
+def _warm_up(device: str) -> None:
     import torch
     import torch._dynamo  # noqa: F401  (it rewraps torch.manual_seed on first import: let that happen before the integrity snapshot)
 
@@ -45,7 +45,7 @@ def _warm_triton_driver() -> None:
 def main() -> None:
     workdir = Path(sys.argv[1])
     device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
-    warm_up(device)
+    _warm_up(device)
     (workdir / "ready").touch()
     print("ready", flush=True)
     spec = json.loads(sys.stdin.readline())
