@@ -130,7 +130,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def batch(settings: Settings) -> dict[str, ValidationResult]:
     """Every rule-breaking module, the good one and the crashers, validated as one batch."""
     named = {**BROKEN, "seed_invariant_output": SEED_INVARIANT_OUTPUT, "crash": CRASH, "oom": OOM, "good": GOOD}
-    options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=30)
+    options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=120)
     with Validator(options, settings, warm_children=2) as validator:
         results = validator.validate_many(list(named.values()), parallel=2)
     return dict(zip(named, results))
@@ -177,7 +177,7 @@ def test_a_hanging_module_times_out(settings: Settings) -> None:
 
 
 def test_runtime_bounds(settings: Settings) -> None:
-    options = ValidationOptions(device="cpu", min_ms=5, max_ms=20, timeout_s=30)
+    options = ValidationOptions(device="cpu", min_ms=5, max_ms=20, timeout_s=120)
     with Validator(options, settings, warm_children=1) as validator:
         slow, fast = validator.validate_many([TOO_SLOW, TOO_FAST], parallel=2)
     assert slow.rule == "too_slow" and slow.details["runtime_ms"] > 20, slow
@@ -193,7 +193,7 @@ def test_renamed_and_reformatted_sources_hash_alike() -> None:
 
 
 def test_duplicates_in_a_batch_and_against_known_hashes(settings: Settings) -> None:
-    options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=30)
+    options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=120)
     with Validator(options, settings, warm_children=1) as validator:
         first, renamed, same_graph = validator.validate_many([GOOD, GOOD_RENAMED, GOOD_SAME_GRAPH], parallel=2)
         assert first.valid
