@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from coder_svc.evaluation.harness import discover
+from coder_svc.best_of_n import LocalScorer
+from coder_svc.evaluation.harness import Harness, discover
+from coder_svc.generators import build_generator
+from coder_svc.models.base import Sampling
+from reward_svc.evaluate import Evaluator
+from services.schemas.reward import ScoreOptions
 from coder_svc.evaluation.report import write_report
 from services.config import Settings
 
@@ -165,3 +170,22 @@ def test_report_with_measured_speedups(tmp_path: Path) -> None:
     assert "| level 1 | 2 | 4 | 75.0% | 100.0% | 75.0% | 50.0% | 50.0% | 0.0% | 1.17 |" in table
     assert "| overall | 3 | 6 |" in table
     assert (tmp_path / "summary.png").stat().st_size > 10_000
+
+
+def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable[..., Settings], free_port: Callable[[], int],
+                                          problems: Path, tmp_path: Path) -> None:
+    """An endpoint that does not answer gives error records (the run goes on); the next run redoes them."""
+    settings = kz_env(coder_openai_base_url=f"http://127.0.0.1:{free_port()}/v1", coder_model="nobody", coder_max_retries=0)
+    relu = [p for p in discover(problems) if p.id == "1_ReLU"]
+    out = tmp_path / "eval"
+
+    def run(kind: str) -> list[dict[str, object]]:
+        harness = Harness(build_generator(kind, settings), LocalScorer(evaluator), "triton", 1, ScoreOptions(device="cpu"),  # type: ignore[arg-type]
+                          Sampling(n=1), out)
+        return harness.run(relu)
+
+    [failed] = run("openai")
+    assert failed["status"] == "error" and failed["correct"] is False and "ModelBackendError" in str(failed["reason"])
+    [retried] = run("template")
+    assert retried["status"] == "correct" and retried["sample"] == 0
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2  # both kept in the file; the latest counts

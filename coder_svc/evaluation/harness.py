@@ -25,6 +25,7 @@ from services.schemas.coder import CandidateReport
 from services.schemas.reward import ScoreOptions
 
 SAMPLES_FILE = "samples.jsonl"
+ERROR = "error"  # the harness could not get a verdict (generator or scorer raised); counts as failed until rerun
 LEVEL_DIR = re.compile(r"^level(\d+)$")
 
 
@@ -55,10 +56,15 @@ def discover(root: Path, levels: Iterable[int] | None = None, limit: int | None 
 
 
 def load_records(out: Path) -> list[dict[str, Any]]:
+    """Every sample's latest record (a sample that errored and was retried appears twice in the file)."""
     path = out / SAMPLES_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    latest = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        latest[(record["problem"], record["sample"])] = record
+    return list(latest.values())
 
 
 def drop_partial_line(path: Path) -> None:
@@ -85,7 +91,7 @@ class Harness:
         """Evaluate what is missing; return every record of these problems (old and new)."""
         self.out.mkdir(parents=True, exist_ok=True)
         drop_partial_line(self.out / SAMPLES_FILE)
-        done = {(r["problem"], r["sample"]) for r in load_records(self.out)}
+        done = {(r["problem"], r["sample"]) for r in load_records(self.out) if r["status"] != ERROR}
         todo = {p.id: [i for i in range(self.samples) if (p.id, i) not in done] for p in problems}
         with progress or _progress() as bar:
             task = bar.add_task("evaluating", total=len(problems) * self.samples,
@@ -101,18 +107,24 @@ class Harness:
     def _evaluate(self, problem: Problem, indices: list[int]) -> None:
         started = time.perf_counter()
         module = problem.path.read_text()
-        t0 = time.perf_counter()
-        drafts = self.generator.generate(module, self.backend, replace(self.sampling, n=len(indices)))[:len(indices)]
-        generation_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        reports, _ = score_drafts(module, drafts, self.scorer, self.options)
-        evaluation_s = time.perf_counter() - t0
+        generation_s = evaluation_s = 0.0
+        try:
+            t0 = time.perf_counter()
+            drafts = self.generator.generate(module, self.backend, replace(self.sampling, n=len(indices)))[:len(indices)]
+            generation_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            reports, _ = score_drafts(module, drafts, self.scorer, self.options)
+            evaluation_s = time.perf_counter() - t0
+        except Exception as exc:  # an endpoint down, a generator bug: recorded, and retried by the next run
+            outcomes = [{**_outcome(None, self.generator.name), "status": ERROR, "reason": f"{type(exc).__name__}: {exc}"}] * len(indices)
+        else:
+            # A generator returns up to n drafts; one that has fewer to give (the deterministic
+            # template has exactly one) is drawn again: later samples reuse its drafts in turn.
+            outcomes = [_outcome(reports[position % len(reports)] if reports else None, self.generator.name)
+                        for position in range(len(indices))]
         per_sample = {"generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices)}
-        # A generator returns up to n drafts; one that has fewer to give (the deterministic
-        # template has exactly one) is drawn again: later samples reuse its drafts in turn.
-        records = [{"problem": problem.id, "level": problem.level, "sample": index,
-                    **_outcome(reports[position % len(reports)] if reports else None, self.generator.name), **per_sample}
-                   for position, index in enumerate(indices)]
+        records = [{"problem": problem.id, "level": problem.level, "sample": index, **outcome, **per_sample}
+                   for index, outcome in zip(indices, outcomes)]
         overhead_s = (time.perf_counter() - started - generation_s - evaluation_s) / len(indices)
         lines = [json.dumps({**r, "overhead_s": overhead_s}) for r in records]
         with (self.out / SAMPLES_FILE).open("a") as f:

@@ -26,6 +26,11 @@ def _mean(records: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(r[key] for r in records) if records else None
 
 
+def _timed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Samples whose timings mean something (an errored problem's time went nowhere in particular)."""
+    return [r for r in records if r["status"] != "error"]
+
+
 def build_summary(records: list[dict[str, Any]], samples: int, run: dict[str, Any]) -> dict[str, Any]:
     """Metrics per level and overall, status counts, which problems were solved, and the harness's timings."""
     ks = sorted({1, samples})
@@ -42,9 +47,9 @@ def build_summary(records: list[dict[str, Any]], samples: int, run: dict[str, An
     return {
         **run, "samples_per_problem": samples, "levels": levels, "overall": summarize(_outcomes(records), ks),
         "timing_per_sample_s": {
-            "generation_mean": _mean(records, "generation_s"), "evaluation_mean": _mean(records, "evaluation_s"),
-            "harness_overhead_mean": _mean(records, "overhead_s"),
-            "harness_overhead_median": statistics.median(r["overhead_s"] for r in records) if records else None,
+            "generation_mean": _mean(_timed(records), "generation_s"), "evaluation_mean": _mean(_timed(records), "evaluation_s"),
+            "harness_overhead_mean": _mean(_timed(records), "overhead_s"),
+            "harness_overhead_median": statistics.median(r["overhead_s"] for r in _timed(records)) if _timed(records) else None,
         },
     }
 
