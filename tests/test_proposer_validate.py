@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash, validate_module
+from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash, validate_module, validate_modules
 from services.config import Settings
 
 HEADER = "import torch\nimport torch.nn as nn\n"
@@ -194,15 +194,14 @@ def test_renamed_and_reformatted_sources_hash_alike() -> None:
 
 def test_duplicates_in_a_batch_and_against_known_hashes(settings: Settings) -> None:
     options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=120)
-    with Validator(options, settings, warm_children=1) as validator:
-        first, renamed, same_graph = validator.validate_many([GOOD, GOOD_RENAMED, GOOD_SAME_GRAPH], parallel=2)
-        assert first.valid
-        assert renamed.rule == "duplicate" and "normalised source as module #0" in renamed.reason
-        assert renamed.graph_hash is None  # caught before any child ran
-        assert same_graph.rule == "duplicate" and "op graph as module #0" in same_graph.reason
-        assert same_graph.graph_hash == first.graph_hash and same_graph.source_hash != first.source_hash
-        (again,) = validator.validate_many([GOOD_SAME_GRAPH], known_hashes={first.graph_hash})
-        assert again.rule == "duplicate" and "known task" in again.reason
+    first, renamed, same_graph = validate_modules([GOOD, GOOD_RENAMED, GOOD_SAME_GRAPH], options, settings=settings, parallel=2)
+    assert first.valid
+    assert renamed.rule == "duplicate" and "normalised source as module #0" in renamed.reason
+    assert renamed.graph_hash is None  # caught before any child ran
+    assert same_graph.rule == "duplicate" and "op graph as module #0" in same_graph.reason
+    assert same_graph.graph_hash == first.graph_hash and same_graph.source_hash != first.source_hash
+    (again,) = validate_modules([GOOD_SAME_GRAPH], options, known_hashes={first.graph_hash}, settings=settings)
+    assert again.rule == "duplicate" and "known task" in again.reason
 
 
 def test_cli_json_lines(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
