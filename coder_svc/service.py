@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,15 +37,6 @@ def submit(request: KernelRequest) -> Job:
     version = serving_version()
     payload = {**request.model_dump(exclude={"wait_s"}), "serving_version": version.id if version else None}
     return submit_job(GENERATE_TASK, payload, GENERATION)
-
-
-def wait_for(job_id: str, wait_s: float) -> Job:
-    deadline = time.monotonic() + wait_s
-    job = get_job(job_id)
-    while job.status in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        job = get_job(job_id)
-    return job
 
 
 def kernel_response(job: Job) -> KernelResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
 from services.auth import require_api_key
+from services.queue.jobs import wait_until_done
 from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage, TaskStatus
 from proposer_svc import service
 
@@ -18,7 +19,7 @@ def propose(request: ProposeRequest, response: Response) -> ProposeResponse:
         submitted = service.submit_propose(request)
     except service.ComposerUnavailable as exc:
         raise HTTPException(400, str(exc)) from None
-    job = service.wait_for(submitted.id, request.wait_s)
+    job = wait_until_done(submitted.id, request.wait_s)
     if job.status in ("succeeded", "failed"):
         response.status_code = 200
     result = ProposeSummary.model_validate(job.result) if job.result else None

@@ -44,7 +44,6 @@ from proposer_svc.mining import DEFAULT_CORPUS, MiningResult, default_corpus, di
 from proposer_svc.sampling import sample_api_set
 from proposer_svc.stats import ApiStats
 from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash as normalised_hash
-from reward_svc.service import wait_for  # noqa: F401  (the routes' submit-and-wait)
 
 log = structlog.get_logger(__name__)
 

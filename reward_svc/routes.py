@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Response
 
 from services.auth import require_api_key
 from services.db.models import Job
+from services.queue.jobs import wait_until_done
 from services.schemas.reward import GroupResult, GroupScoreRequest, GroupScoreResponse, ScoreRequest, ScoreResponse
 from reward_svc import service
 
@@ -31,7 +32,7 @@ def score_group(request: GroupScoreRequest, response: Response) -> GroupScoreRes
 
 def _submit_and_wait(request: GroupScoreRequest, response: Response) -> Job:
     """The job after up to ``wait_s``; still running means 202 with its id."""
-    job = service.wait_for(service.submit_group(request).id, request.wait_s)
+    job = wait_until_done(service.submit_group(request).id, request.wait_s)
     if job.status not in ("succeeded", "failed"):
         response.status_code = 202
     return job

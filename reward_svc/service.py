@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from typing import Any
 
@@ -13,7 +12,7 @@ from sqlalchemy import select
 from services.config import get_settings
 from services.db.models import Candidate, Job, Score, Task
 from services.db.session import session_scope
-from services.queue.jobs import get_job, submit_job
+from services.queue.jobs import submit_job
 from services.queue.names import scoring_queues
 from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions, VerdictOut
 from reward_svc.evaluate import EvalOptions, Evaluation, Evaluator
@@ -84,15 +83,6 @@ def pick_scoring_queue() -> str:
 def submit_group(request: GroupScoreRequest) -> Job:
     payload = request.model_dump(exclude={"wait_s"})
     return submit_job(SCORE_GROUP_TASK, payload, pick_scoring_queue())
-
-
-def wait_for(job_id: str, wait_s: float) -> Job:
-    deadline = time.monotonic() + wait_s
-    job = get_job(job_id)
-    while job.status in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        job = get_job(job_id)
-    return job
 
 
 def run_score_job(evaluator: Evaluator, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -150,3 +151,13 @@ def register_job_task(app: Celery, kind: str, work: JobFunction) -> None:
     @app.task(name=kind, bind=False, base=JobTask)
     def _task(job_id: str) -> None:
         run_job(job_id, work)
+
+
+def wait_until_done(job_id: str, wait_s: float, poll_s: float = 0.2) -> Job:
+    """The job once it succeeded or failed, or as it stands after ``wait_s`` (routes' submit-and-wait)."""
+    deadline = time.monotonic() + wait_s
+    job = get_job(job_id)
+    while job.status in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        job = get_job(job_id)
+    return job
