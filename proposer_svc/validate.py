@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -182,13 +183,26 @@ def normalise_source(tree: ast.Module) -> str:
                 and isinstance(node.value, ast.Name) and node.value.id == "self"):
             attributes.add(node.attr)
     module_names -= _FIXED_NAMES | set(dir(builtins))
-    tree = _Canonical(module_names, attributes).visit(tree)
+    tree = _Canonical(module_names, attributes).visit(copy.deepcopy(tree))  # the caller's tree stays as it was
     tree.body = _without_docstring(tree.body)
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
 def source_hash(tree: ast.Module) -> str:
     return hashlib.sha256(normalise_source(tree).encode()).hexdigest()
+
+
+def check_static(source: str) -> ValidationResult | str:
+    """The verdict where the AST already decides it (syntax, structure), else the normalised source's hash."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return ValidationResult(valid=False, rule="structure", reason=f"not valid Python: {exc.msg} (line {exc.lineno})")
+    digest = source_hash(tree)
+    problem = check_structure(tree)
+    if problem:
+        return ValidationResult(valid=False, rule="structure", reason=problem, source_hash=digest)
+    return digest
 
 
 # --- the sandboxed checks ----------------------------------------------------------------------
@@ -233,18 +247,6 @@ class Validator:
             "input_seeds": list(o.input_seeds), "weight_seeds": list(o.weight_seeds),
         }
 
-    def static(self, source: str) -> ValidationResult | str:
-        """The verdict where the AST already decides it, else the normalised source's hash."""
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as exc:
-            return ValidationResult(valid=False, rule="structure", reason=f"not valid Python: {exc.msg} (line {exc.lineno})")
-        digest = source_hash(tree)
-        problem = check_structure(tree)
-        if problem:
-            return ValidationResult(valid=False, rule="structure", reason=problem, source_hash=digest)
-        return digest
-
     def dynamic(self, source: str, digest: str) -> ValidationResult:
         child = self.pool.take()
         try:
@@ -266,7 +268,7 @@ class Validator:
         return ValidationResult(**result, **common)
 
     def validate(self, source: str) -> ValidationResult:
-        verdict = self.static(source)
+        verdict = check_static(source)
         return verdict if isinstance(verdict, ValidationResult) else self.dynamic(source, verdict)
 
     def validate_many(self, sources: Sequence[str], known_hashes: Iterable[str] = (), parallel: int = 1,
@@ -279,7 +281,7 @@ class Validator:
         results: list[ValidationResult | None] = [None] * len(sources)
         pending: list[tuple[int, str]] = []
         for i, source in enumerate(sources):
-            verdict = self.static(source)
+            verdict = check_static(source)
             if isinstance(verdict, str):
                 if verdict in known:
                     verdict = _duplicate(verdict, "a known task has the same normalised source")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash, validate_module, validate_modules
+from proposer_svc.validate import (ValidationOptions, ValidationResult, Validator, check_static, source_hash, validate_module,
+                                   validate_modules)
 from services.config import Settings
 
 HEADER = "import torch\nimport torch.nn as nn\n"
@@ -151,6 +152,18 @@ def test_reasons_say_what_happened(batch: dict[str, ValidationResult]) -> None:
     assert batch["seed_invariant_output"].rule == "seed_invariant" and "different seeds" in batch["seed_invariant_output"].reason
     assert "272 parameters" in batch["parameters_unused"].reason
     assert "equals 0" in batch["near_constant"].reason
+
+
+@pytest.mark.parametrize(("source", "reason"), [
+    (GOOD.replace("class Model", "class Net"), "no class Model"),
+    (GOOD.replace("def forward", "def run"), "Model has no forward method"),
+    (GOOD.replace("def get_inputs", "def inputs"), "no function get_inputs()"),
+    (module("        return x * 2"), "forward never uses its argument y"),
+    (GOOD.replace("def forward(self, x: torch.Tensor, y: torch.Tensor)", "def forward(self, x, y)\n"), "not valid Python"),
+])
+def test_structure_is_checked_on_the_ast_alone(source: str, reason: str) -> None:
+    verdict = check_static(source)
+    assert isinstance(verdict, ValidationResult) and verdict.rule == "structure" and reason in verdict.reason, verdict
 
 
 def test_a_good_module_passes_with_its_facts(batch: dict[str, ValidationResult]) -> None:
