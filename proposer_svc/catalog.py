@@ -85,7 +85,7 @@ class ApiEntry:
     dtypes: tuple[str, ...] = ("float32",)
     out_dtype: str = "float32"
     requires: Domain = "any"
-    small_input: bool = False  # needs |x| of order 1 (exp, cosh, pow...): the composer rescales
+    small_input: bool = False  # needs |x| of order 1 (exp, cosh, pow...): the composer rescales (products: up too)
     yields: Domain | Literal["same", "flip"] = "any"
     effect: Effect = "nonlinear"
     saturates: frozenset[str] = frozenset()
@@ -207,8 +207,9 @@ _pointwise(("torch.cosh",), "torch.cosh({x})", small_input=True, yields="pos", m
 _pointwise(("torch.erf",), "torch.erf({x})", yields="bounded", mag=_mag_shrink)
 _pointwise(("torch.erfc",), "torch.erfc({x})", yields="nonneg", mag=_mag_one)
 _pointwise(("torch.clamp", "Tensor.clamp"), "torch.clamp({x}, min={lo}, max={hi})",
-           sample=lambda op, rng, d: {"lo": -round(op.mag * rng.uniform(0.5, 1.0), 2),
-                                      "hi": round(op.mag * rng.uniform(0.5, 1.0), 2)},
+           # Bounds between one and two RMS: most values pass, so the output is never all at a bound.
+           sample=lambda op, rng, d: {"lo": -round(op.mag * rng.uniform(1.0, 2.0), 2),
+                                      "hi": round(op.mag * rng.uniform(1.0, 2.0), 2)},
            saturates=frozenset({"low", "high"}), mag=_mag_shrink)
 # Activations.
 _pointwise(("torch.relu", "torch.nn.functional.relu", "Tensor.relu"), "torch.relu({x})", "activation",
@@ -304,7 +305,7 @@ def _reduction_sampler(kind: str, keepdim: bool = True) -> Sampler:
         if kind == "min" and "low" in op.saturated or kind == "max" and "high" in op.saturated:
             return None
         if kind == "prod":
-            dims = [i for i in range(1, op.rank) if 1 < op.shape[i] <= 16]
+            dims = [i for i in range(1, op.rank) if 1 < op.shape[i] <= 8]  # longer products under/overflow
             return {"dim": rng.choice(dims), "keepdim": keepdim and rng.random() < 0.3} if dims else None
         dim = _feature_dim(op, rng, op.normalized if kind == "sum" else frozenset())
         return None if dim is None else {"dim": dim, "keepdim": keepdim and rng.random() < 0.3}
@@ -349,7 +350,8 @@ for _name, _call, _kind in (("torch.cumsum", "torch.cumsum({x}, dim={dim})", "su
                             ("torch.cumprod", "torch.cumprod({x}, dim={dim})", "prod"),
                             ("torch.logcumsumexp", "torch.logcumsumexp({x}, dim={dim})", "sum")):
     _add(ApiEntry(_name, "scan", (2, 3, 4, 5), _call, sample=_reduction_sampler(_kind, keepdim=False),
-                  small_input=_kind == "prod", mag=_mag_sum if _kind == "sum" else (lambda m, s, a: m + 2),
+                  small_input=_kind == "prod", reduces="prod" if _kind == "prod" else None,
+                  mag=_mag_sum if _kind == "sum" else (lambda m, s, a: m + 2),
                   effect="nonlinear" if _kind == "prod" else "mix"))
 _add(ApiEntry("torch.flip", "shape", (2, 3, 4, 5), "torch.flip({x}, dims=({dim},))",
               sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank - 1)}, yields="same", effect="affine"))
@@ -484,8 +486,10 @@ _add(ApiEntry("torch.nn.functional.scaled_dot_product_attention", "linear", (3, 
               sample=lambda op, rng, d: {} if op.shape[-1] <= 256 and op.shape[-2] <= 1024 else None,
               flops=lambda s, a: 4.0 * math.prod(s) * s[-2], mag=lambda m, s, a: m, effect="mix"))
 _add(ApiEntry("torch.tril", "shape", (2, 3, 4), "torch.tril({x})", yields="same", effect="affine",
+              saturates=frozenset({"zeros"}),
               sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None))
 _add(ApiEntry("torch.triu", "shape", (2, 3, 4), "torch.triu({x})", yields="same", effect="affine",
+              saturates=frozenset({"zeros"}),
               sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None))
 
 
@@ -655,6 +659,11 @@ def _loss(name: str, call: str, second: SecondOperand, out_shape: ShapeFn = _sam
                   effect="terminal", **kw))
 
 
+def _classes_sample(op: Operand, rng: Random, d: float) -> Args | None:
+    """Class scores: not too many classes, and not mostly exact zeros (ties make the target not matter)."""
+    return None if op.saturated or op.shape[1] > 16384 else {"classes": op.shape[1]}
+
+
 _TARGET = SecondOperand(shape=lambda s, a: s, sources=("input",))
 _loss("torch.nn.functional.mse_loss", "F.mse_loss({x}, {y}, reduction='none')", _TARGET, yields="nonneg")
 _loss("torch.nn.functional.l1_loss", "F.l1_loss({x}, {y}, reduction='none')", _TARGET, yields="nonneg")
@@ -675,12 +684,11 @@ _loss("torch.nn.functional.soft_margin_loss", "F.soft_margin_loss({x}, {y}, redu
 _loss("torch.nn.functional.cross_entropy", "F.cross_entropy({x}, {y}, reduction='none')",
       SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})",
                     dtype="int64"),
-      sample=lambda op, rng, d: {"classes": op.shape[1]}, out_shape=lambda s, a: (s[0],), ranks=(2,), yields="nonneg")
+      sample=_classes_sample, out_shape=lambda s, a: (s[0],), ranks=(2,), yields="nonneg")
 _loss("torch.nn.functional.nll_loss", "F.nll_loss({x}, {y}, reduction='none')",
       SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})",
                     dtype="int64"),
-      sample=lambda op, rng, d: {"classes": op.shape[1]}, out_shape=lambda s, a: (s[0],), ranks=(2,),
-      requires="nonpos")
+      sample=_classes_sample, out_shape=lambda s, a: (s[0],), ranks=(2,), requires="nonpos")
 _loss("torch.nn.functional.cosine_similarity", "F.cosine_similarity({x}, {y}, dim={dim})", _TARGET,
       sample=lambda op, rng, d: {"dim": 1}, out_shape=lambda s, a: s[:1] + s[2:], ranks=(2, 3, 4), yields="bounded")
 _loss("torch.nn.functional.pairwise_distance", "F.pairwise_distance({x}, {y})", _TARGET,

@@ -309,8 +309,8 @@ def _fit_domain(op: Operand, e: ApiEntry, lines: list[str], glue: list[str]) -> 
         lines.append("x = -x.abs()")
         glue.append("Tensor.abs")
         op = replace(op, domain="nonpos")
-    if e.small_input and op.mag > 1.5:
-        scale = 10.0 ** -math.ceil(math.log10(op.mag / 1.5))
+    if e.small_input and (op.mag > 1.5 or e.reduces == "prod" and op.mag < 0.5):
+        scale = 10.0 ** -math.ceil(math.log10(op.mag / 1.5)) if op.mag > 1.5 else 10.0 ** round(-math.log10(op.mag))
         lines.append(f"x = x * {scale:g}")
         glue.append("torch.mul")
         op = replace(op, mag=op.mag * scale)
@@ -335,6 +335,8 @@ def _next_operand(e: ApiEntry, op: Operand, args: Args, shape: Shape, before: Op
     mag = e.mag(op.mag, op.shape, args)
     if e.reduces == "sum" and e.name not in ("torch.mean", "Tensor.mean") and op.domain in NONNEG:
         mag *= math.sqrt(math.prod(op.shape[d] for d in _dims_of(args)))
+    if e.kind == "pool" and e.effect == "affine" and op.domain not in NONNEG:  # averaging signed values shrinks them
+        mag /= math.sqrt(math.prod(op.shape) / math.prod(shape))
     if e.normalizes is not None:
         normalized = e.normalizes(op.shape, args) - {0}
     elif e.effect in ("nonlinear", "mix", "terminal") and not identity_like:
@@ -347,7 +349,7 @@ def _next_operand(e: ApiEntry, op: Operand, args: Args, shape: Shape, before: Op
         normalized = op.normalized
     if e.saturates and not identity_like:
         saturated = e.saturates
-    elif e.effect in ("mix", "nonlinear") and not identity_like:
+    elif e.effect in ("mix", "reduce", "normalize"):  # a monotone pointwise op keeps values piled at a bound
         saturated = frozenset()
     else:
         saturated = op.saturated
