@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import time
-
-from services.clients.base import TERMINAL_STATUSES, ServiceClient
+from services.clients.base import TERMINAL_STATUSES, JobTimeout, ServiceClient
 from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+
 
 class CoderClient(ServiceClient):
     service = "coder"
     route_wait_s: float = 20.0  # as in the reward client: hold the connection briefly, then poll
 
     def generate(self, request: KernelRequest) -> KernelResponse:
-        """Submit; waits up to ``request.wait_s`` in all (route wait, then polling)."""
+        """Submit; waits up to ``request.wait_s`` in all (route wait, then polling the job)."""
         body = request.model_copy(update={"wait_s": min(request.wait_s, self.route_wait_s)})
         response = KernelResponse.model_validate(self.request("POST", "/v1/kernels", json=body.model_dump()).json())
-        deadline = time.monotonic() + request.wait_s
-        while response.job_status not in TERMINAL_STATUSES and time.monotonic() < deadline:
-            time.sleep(0.5)
-            response = self.kernel(response.job_id)
-        return response
+        if response.job_status in TERMINAL_STATUSES:
+            return response
+        try:
+            self.wait_for_job(response.job_id, timeout_s=request.wait_s)
+        except JobTimeout:
+            pass  # the caller reads job_status: still queued or running
+        return self.kernel(response.job_id)
 
     def kernel(self, job_id: str) -> KernelResponse:
         return KernelResponse.model_validate(self.request("GET", f"/v1/kernels/{job_id}").json())

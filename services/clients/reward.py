@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from reward_svc.rewards import CAGRPOConfig
-from services.clients.base import TERMINAL_STATUSES, ServiceClient
+from services.clients.base import TERMINAL_STATUSES, JobTimeout, ServiceClient
 from services.schemas.jobs import JobOut
 from services.schemas.reward import GroupResult, GroupScoreRequest, GroupScoreResponse, ScoreOptions, ScoreRequest, ScoreResponse
+
 
 class RewardClient(ServiceClient):
     service = "reward"
@@ -38,10 +37,8 @@ class RewardClient(ServiceClient):
         return GroupScoreResponse(job_id=job.id, job_status=job.status, result=result, error=job.error)
 
     def _wait(self, job_id: str, wait_s: float) -> JobOut:
-        """The job after polling up to ``wait_s`` (a last state, not an exception, when time ran out)."""
-        deadline = time.monotonic() + wait_s
-        job = self.get_job(job_id)
-        while job.status not in TERMINAL_STATUSES and time.monotonic() < deadline:
-            time.sleep(0.5)
-            job = self.get_job(job_id)
-        return job
+        """The job after polling up to ``wait_s``: its last state, not an exception, when time ran out."""
+        try:
+            return self.wait_for_job(job_id, timeout_s=wait_s)
+        except JobTimeout as exc:
+            return exc.job
