@@ -97,6 +97,17 @@ def main() -> None:
     generator = TemplateGenerator()
     console = Console()
     levels: dict[str, Any] = {}
+
+    def write() -> None:  # after every level, so a long run keeps what it measured
+        result = {
+            "generator": "template", "version": VERSION, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1min": os.getloadavg()[0]},
+            "note": "generated vs declined only; correctness and speed are measured on the GPU by the reward service",
+            "levels": levels,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
     for level in args.levels:
         problems = sorted((args.root / f"level{level}").glob("*.py"), key=lambda p: int(p.name.split("_")[0]))
         with Progress(console=console) as progress, ThreadPoolExecutor(args.workers) as pool:
@@ -117,18 +128,12 @@ def main() -> None:
         for reason, count in declined.most_common():
             table.add_row(reason, str(count))
         console.print(table)
+        write()
     if args.check_cpu:
         by_number = {int(p.name.split("_")[0]): p for p in (args.root / f"level{args.levels[0]}").glob("*.py")}
         checked = check_cpu(generator, [by_number[n] for n in args.check_cpu], console)
         levels[f"level{args.levels[0]}"]["cpu_check_shrunk_shapes"] = checked
-    result = {
-        "generator": "template", "version": VERSION, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1min": os.getloadavg()[0]},
-        "note": "generated vs declined only; correctness and speed are measured on the GPU by the reward service",
-        "levels": levels,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write()
     console.print(f"wrote {args.out}")
 
 
