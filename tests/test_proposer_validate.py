@@ -137,6 +137,7 @@ def batch(settings: Settings) -> dict[str, ValidationResult]:
     return dict(zip(named, results))
 
 
+@pytest.mark.slow  # sandboxed children
 @pytest.mark.parametrize("rule", sorted(BROKEN))
 def test_each_rule_rejects_a_module_built_to_break_it(batch: dict[str, ValidationResult], rule: str) -> None:
     result = batch[rule]
@@ -144,6 +145,7 @@ def test_each_rule_rejects_a_module_built_to_break_it(batch: dict[str, Validatio
     assert result.reason and result.reason != "passed every check"
 
 
+@pytest.mark.slow  # sandboxed children
 def test_reasons_say_what_happened(batch: dict[str, ValidationResult]) -> None:
     assert "get_init_inputs" in batch["structure"].reason
     assert "kz_no_such_module" in batch["load_error"].reason
@@ -166,6 +168,7 @@ def test_structure_is_checked_on_the_ast_alone(source: str, reason: str) -> None
     assert isinstance(verdict, ValidationResult) and verdict.rule == "structure" and reason in verdict.reason, verdict
 
 
+@pytest.mark.slow  # sandboxed children
 def test_a_good_module_passes_with_its_facts(batch: dict[str, ValidationResult]) -> None:
     good = batch["good"]
     assert good.valid and good.rule is None, good
@@ -178,17 +181,20 @@ def test_a_good_module_passes_with_its_facts(batch: dict[str, ValidationResult])
     json.loads(good.model_dump_json())  # serialisable as is
 
 
+@pytest.mark.slow  # sandboxed children
 def test_crash_and_out_of_memory_give_verdicts(batch: dict[str, ValidationResult]) -> None:
     crash, oom = batch["crash"], batch["oom"]
     assert crash.rule == "runtime_error" and "SIGSEGV" in crash.reason
     assert oom.rule == "runtime_error" and "out of memory" in oom.reason
 
 
+@pytest.mark.slow  # sandboxed children
 def test_a_hanging_module_times_out(settings: Settings) -> None:
     result = validate_module(HANG, ValidationOptions(device="cpu", timeout_s=8, max_ms=0), settings)
     assert not result.valid and result.rule == "timeout" and "8 s" in result.reason
 
 
+@pytest.mark.slow  # sandboxed children
 def test_runtime_bounds(settings: Settings) -> None:
     options = ValidationOptions(device="cpu", min_ms=5, max_ms=20, timeout_s=120)
     with Validator(options, settings, warm_children=1) as validator:
@@ -205,6 +211,7 @@ def test_renamed_and_reformatted_sources_hash_alike() -> None:
     assert source_hash(ast.parse(GOOD)) != source_hash(ast.parse(GOOD_SAME_GRAPH))
 
 
+@pytest.mark.slow  # sandboxed children
 def test_duplicates_in_a_batch_and_against_known_hashes(settings: Settings) -> None:
     options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=120)
     first, renamed, same_graph = validate_modules([GOOD, GOOD_RENAMED, GOOD_SAME_GRAPH], options, settings=settings, parallel=2)
@@ -217,6 +224,7 @@ def test_duplicates_in_a_batch_and_against_known_hashes(settings: Settings) -> N
     assert again.rule == "duplicate" and "known task" in again.reason
 
 
+@pytest.mark.slow  # sandboxed children
 def test_cli_json_lines(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
     kz_env()
     files = {"good.py": GOOD, "renamed.py": GOOD_RENAMED, "nan.py": BROKEN["nan_inf"]}
