@@ -170,7 +170,7 @@ def main() -> None:
         report["throughput_ratio"] = round(report["ours"]["candidates_per_min"] / report["kernelbench"]["candidates_per_min"], 2)
         report["agreement"] = sum(a["correct"] == b["correct"] for a, b in zip(report["ours"]["rows"], report["kernelbench"]["rows"]))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernelbench_throughput.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
     table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates")
     for column in ("evaluator", "candidates/min", "p50 s", "correct"):
         table.add_column(column)
