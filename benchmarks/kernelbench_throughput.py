@@ -97,7 +97,13 @@ def _kb_eval_one(kernelbench: str, reference: str, candidate: str, build_dir: st
             "ref_runtime_us": getattr(result, "ref_runtime", None)}
 
 
-def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path) -> dict[str, Any]:
+def _checkpoint(rows: list[dict[str, Any]], partial: Path | None) -> None:
+    """Rows so far, so a run cut short by a time limit still leaves its figures."""
+    if partial is not None:
+        partial.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path, partial: Path | None = None) -> dict[str, Any]:
     context = mp.get_context("spawn")
     rows, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory() as build_root:
@@ -109,13 +115,14 @@ def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path) -> dict
                 except mp.TimeoutError:
                     row = {"compiled": False, "correct": False, "error": "timeout"}
             rows.append({"problem": name, "wall_s": round(time.perf_counter() - t0, 3), **row})
+            _checkpoint(rows, partial)
     return _summary(rows, time.perf_counter() - started)
 
 
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(work: list[tuple[str, str, str]]) -> dict[str, Any]:
+def run_ours(work: list[tuple[str, str, str]], partial: Path | None = None) -> dict[str, Any]:
     from reward_svc.evaluate import EvalOptions, Evaluator, warm_children
 
     evaluator = Evaluator()
@@ -129,6 +136,7 @@ def run_ours(work: list[tuple[str, str, str]]) -> dict[str, Any]:
             verdict = evaluator.evaluate_group(reference, [candidate], options).verdicts[0]
             rows.append({"problem": name, "wall_s": round(time.perf_counter() - t0, 3), "status": verdict.status,
                          "correct": verdict.correct, "speedup": verdict.speedup, "reason": verdict.reason[:200]})
+            _checkpoint(rows, partial)
     finally:
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
@@ -162,14 +170,14 @@ def main() -> None:
                               "machine": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
                                           "cpus": mp.cpu_count()},
                               "problems": len(work)}
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.only != "kernelbench":
-        report["ours"] = run_ours(work)
+        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl")
     if args.only != "ours":
-        report["kernelbench"] = run_kernelbench(work, args.kernelbench)
+        report["kernelbench"] = run_kernelbench(work, args.kernelbench, args.out / "kernelbench_rows.jsonl")
     if "ours" in report and "kernelbench" in report:
         report["throughput_ratio"] = round(report["ours"]["candidates_per_min"] / report["kernelbench"]["candidates_per_min"], 2)
         report["agreement"] = sum(a["correct"] == b["correct"] for a, b in zip(report["ours"]["rows"], report["kernelbench"]["rows"]))
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
     table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates")
     for column in ("evaluator", "candidates/min", "p50 s", "correct"):

@@ -55,8 +55,18 @@ def poison_(t: torch.Tensor) -> None:
         t.fill_(torch.iinfo(t.dtype).min)
 
 
+def plain(obj: Any) -> Any:
+    """Named tuples (``torch.return_types.max`` and kin) as plain tuples: the judge loads with
+    ``weights_only``, which refuses any class it does not know."""
+    if isinstance(obj, (list, tuple)):
+        return (list if isinstance(obj, list) else tuple)(plain(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    return obj
+
+
 def save(path: Path, obj: Any) -> None:
-    torch.save(to_cpu(obj), path)
+    torch.save(plain(to_cpu(obj)), path)
 
 
 def load(path: Path) -> Any:
