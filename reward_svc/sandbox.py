@@ -136,6 +136,7 @@ class ChildPool:
         return SandboxPolicy(
             wall_timeout_s=self.timeout_s,
             memory_bytes=None if self.device == "cuda" else self.settings.sandbox_memory_bytes,
+            max_file_bytes=self.settings.reward_max_file_bytes,
             writable_dirs=(workdir, self.layout.locks),
             readonly_dirs=(self.layout.exchange, self.layout.cache),
             hidden_dirs=(self.settings.data_dir,),

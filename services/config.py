@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         description="Evaluation children kept warm per worker; unset: 1 on CPU, on a GPU host min(8, CPU cores / 2) "
         "(each evaluation takes two, and a child needs seconds to warm up).",
     )
+    reward_max_file_bytes: int = Field(
+        default=32 << 30, gt=0,
+        description="Largest file an evaluation child may write: its inputs and outputs cross as files, and KernelBench "
+        "level-1 tensors reach 6.4 GB.",
+    )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
 
     # Proposer service
