@@ -3,12 +3,7 @@ workers for both (the coder worker scores over HTTP), real Redis, SQLite; the te
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,27 +17,8 @@ from services.db.session import session_scope
 from services.schemas.coder import KernelRequest, ModelSwitch
 from services.schemas.reward import ScoreOptions
 from reward_cases import RELU_REFERENCE
+from servers import serve
 from tiny_lm import build_lora, build_tiny_lm
-
-
-@contextmanager
-def serve(app: str, port: int) -> Iterator[str]:
-    """uvicorn as ``kernelzero up`` runs it, until its readiness check answers."""
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--port", str(port)], env=dict(os.environ),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 @pytest.fixture

@@ -35,7 +35,8 @@ def user_tables(url: str) -> set[str]:
 def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Settings]) -> None:
     kz_env()
     model_tables = set(Base.metadata.tables)
-    assert model_tables == {"api_keys", "jobs", "tasks", "candidates", "scores", "rollouts", "model_versions"}
+    assert model_tables == {"api_keys", "jobs", "tasks", "candidates", "scores", "rollouts", "model_versions",
+                            "api_corpora", "api_usage", "api_pairs"}
     assert user_tables(database_url) == set()
 
     migrate.upgrade(database_url)

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from services.config import Settings
 from services.db.models import Candidate, Score
 from services.db.session import session_scope
 from proposer_svc.mining import directory_corpus, mine, save_stats
+from servers import serve
 
 # A small corpus of catalog APIs, mined into the "small" statistics the worker samples from.
 CORPUS = '''
@@ -65,20 +65,8 @@ def proposer_api(platform_env: Callable[..., Settings], start_worker, free_port,
     platform_env(auth_enabled="false", proposer_corpus="small")
     mine_small_corpus(tmp_path / "corpus")
     start_worker("proposer")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "proposer_svc.api:app", "--port", str(port)],
-                              env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    yield url
-    server.terminate()
-    server.wait(10)
+    with serve("proposer_svc.api:app", free_port()) as url:
+        yield url
 
 
 def add_verdicts(task_id: str, outcomes: list[bool]) -> None:

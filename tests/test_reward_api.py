@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from sqlalchemy import select
 from services.config import Settings
 from services.db.models import Score
 from services.db.session import session_scope
+from servers import serve
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 
 WRONG = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out + 1.0")
@@ -28,20 +28,8 @@ WRONG = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out + 
 def reward_api(platform_env: Callable[..., Settings], start_worker, free_port) -> Iterator[str]:  # type: ignore[no-untyped-def]
     settings = platform_env(auth_enabled="false", reward_warm_children=1)
     start_worker("reward")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "reward_svc.api:app", "--port", str(port)],
-                              env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    yield url
-    server.terminate()
-    server.wait(10)
+    with serve("reward_svc.api:app", free_port()) as url:
+        yield url
     assert settings.auth_enabled is False
 
 
