@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 
 from coder_svc.best_of_n import RewardServiceScorer, best_of_n
 from coder_svc.models.base import KernelGenerator, Sampling
@@ -87,13 +88,17 @@ def _sha(text: str) -> str:
 def ensure_task(module: str) -> str:
     """The module as a task (one row per source, whoever stored it first keeps its origin)."""
     digest = _sha(module)
-    with session_scope() as session:
-        task = session.scalars(select(Task).where(Task.source_hash == digest)).first()
-        if task is None:
-            task = Task(source=module, source_hash=digest, origin=TASK_ORIGIN, status="reference")
-            session.add(task)
-            session.flush()
-        return task.id
+    try:
+        with session_scope() as session:
+            task = session.scalars(select(Task).where(Task.source_hash == digest)).first()
+            if task is None:
+                task = Task(source=module, source_hash=digest, origin=TASK_ORIGIN, status="reference")
+                session.add(task)
+                session.flush()
+            return task.id
+    except IntegrityError:  # a concurrent job stored the same module first: use its row
+        with session_scope() as session:
+            return session.scalars(select(Task.id).where(Task.source_hash == digest)).one()
 
 
 def link_candidates(result: KernelResult, coder_job_id: str) -> None:
@@ -110,7 +115,8 @@ def link_candidates(result: KernelResult, coder_job_id: str) -> None:
             report = first.get(row.source_hash)
             if report is None:
                 continue
-            row.model_name = f"{report.model}@{report.model_version}" if report.model_version else report.model
+            name = f"{report.model}@{report.model_version}" if report.model_version else report.model
+            row.model_name = name[:500]  # the column's width; the full version stays in details
             row.model_version_id = result.model_version_id
             row.details = {**(row.details or {}), "coder_job_id": coder_job_id, "draft_indices": drafts[row.source_hash],
                            "generator": report.details}

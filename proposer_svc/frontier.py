@@ -74,6 +74,7 @@ def task_pass_rates(statuses: tuple[str, ...] = POOL_STATUSES) -> list[TaskPassR
     counts = (
         select(Candidate.task_id, func.count(Score.id).label("scored"), func.sum(case((Score.correct, 1), else_=0)).label("correct"))
         .join(Score, Score.candidate_id == Candidate.id)
+        .where(Score.status != "unverified")  # not checked (CUDA without a GPU): neither a pass nor a failure
         .group_by(Candidate.task_id)
         .subquery()
     )

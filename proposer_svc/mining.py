@@ -103,12 +103,12 @@ def mine(sources: Iterable[CorpusSource], show_progress: bool = False) -> Mining
         bar = progress.add_task("mine", total=len(files), modules=0)
         for path, package in files:
             try:
-                tree = ast.parse(path.read_bytes(), filename=str(path))
-            except (SyntaxError, ValueError, OSError) as exc:
+                api_sets = list(forward_api_sets(ast.parse(path.read_bytes(), filename=str(path)), package))
+            except (SyntaxError, ValueError, OSError, RecursionError, MemoryError, RuntimeError) as exc:
                 result.skipped.append(f"{path}: {type(exc).__name__}: {exc}")
                 progress.advance(bar)
                 continue
-            for apis in forward_api_sets(tree, package):
+            for apis in api_sets:
                 modules += 1
                 usage.update(apis)
                 pairs.update(combinations(sorted(apis), 2))

@@ -8,6 +8,7 @@ more often. Only APIs in the catalog are drawn; with no statistics the draw is u
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from itertools import combinations
 from random import Random
@@ -34,7 +35,10 @@ def sample_api_set(stats: ApiStats, catalog: Collection[str], size: int, rng: Ra
                 raw = [1] * len(candidates)
         else:
             raw = [1 + sum(_pair(stats, api, c) for c in chosen) for api in candidates]
-        weights = [favour(api, w ** (1.0 / temperature)) for api, w in zip(candidates, raw)]
+        # w ** (1/T) in log space, scaled by the largest: a low temperature must not overflow.
+        logs = [math.log(w) / temperature if w > 0 else -math.inf for w in raw]
+        top = max(logs)
+        weights = [favour(api, math.exp(lw - top)) for api, lw in zip(candidates, logs)]
         pick = rng.choices(candidates, weights=weights)[0]
         chosen.append(pick)
         candidates.remove(pick)

@@ -149,7 +149,7 @@ def known_hashes() -> set[str]:
         if normalised is None:  # a task the reward service stored: hash it here
             try:
                 normalised = normalised_hash(ast.parse(source))
-            except SyntaxError:
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
                 continue
         hashes.add(normalised)
     return hashes
@@ -160,8 +160,9 @@ def store_task(module: ProposedModule, verdict: ValidationResult, request: Propo
         **module.details, "normalised_hash": verdict.source_hash, "rule": verdict.rule, "device": verdict.device,
         "validation": verdict.details, "hints": {"difficulty": request.difficulty, "max_ops": request.max_ops},
     }
-    task = Task(source=module.source, source_hash=raw_hash(module.source), origin=module.origin, api_set=module.api_set,
-                input_shapes=module.input_shapes, status="valid" if verdict.valid else "rejected", reason=verdict.reason,
+    details["origin"] = module.origin  # in full: the column keeps 50 characters
+    task = Task(source=module.source, source_hash=raw_hash(module.source), origin=module.origin[:50], api_set=module.api_set,
+                input_shapes=module.input_shapes or verdict.details.get("input_shapes"), status="valid" if verdict.valid else "rejected", reason=verdict.reason,
                 graph_hash=verdict.graph_hash, details=details)
     try:
         with session_scope() as session:

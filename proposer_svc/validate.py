@@ -15,6 +15,7 @@ import ast
 import builtins
 import copy
 import hashlib
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from services.config import Settings, get_settings
+from reward_svc.policy import check_source
 
 CHILD_ENTRY = "proposer_svc.validation_child"
 RULES = (
@@ -188,6 +190,18 @@ def normalise_source(tree: ast.Module) -> str:
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
+def finite(value: Any) -> Any:
+    """JSON the database and HTTP accept: an infinite or NaN measurement (an integer output that
+    changed completely) is recorded as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
 def source_hash(tree: ast.Module) -> str:
     return hashlib.sha256(normalise_source(tree).encode()).hexdigest()
 
@@ -196,12 +210,19 @@ def check_static(source: str) -> ValidationResult | str:
     """The verdict where the AST already decides it (syntax, structure), else the normalised source's hash."""
     try:
         tree = ast.parse(source)
+        digest = source_hash(tree)
     except SyntaxError as exc:
         return ValidationResult(valid=False, rule="structure", reason=f"not valid Python: {exc.msg} (line {exc.lineno})")
-    digest = source_hash(tree)
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting deeper than the parser or our walk
+        return ValidationResult(valid=False, rule="structure", reason=f"cannot be analysed: {type(exc).__name__}")
     problem = check_structure(tree)
     if problem:
         return ValidationResult(valid=False, rule="structure", reason=problem, source_hash=digest)
+    # The checks run in the module's own process: the reward service's capability policy (no files,
+    # processes, frames, heap walking or harness patching) keeps it from writing its own verdict.
+    violations = check_source(source)
+    if violations:
+        return ValidationResult(valid=False, rule="policy", reason=violations[0].describe(), source_hash=digest)
     return digest
 
 
@@ -264,8 +285,18 @@ class Validator:
                                         reason=f"validation ran past the {self.pool.timeout_s:g} s limit and was killed")
             return ValidationResult(valid=False, rule="runtime_error", details=details, **common,
                                     reason=f"the module's process ended without a result: {outcome.describe()}")
-        result["details"]["isolation"] = outcome.isolation
-        return ValidationResult(**result, **common)
+        try:
+            fields = {k: v for k, v in result.items() if k in ("valid", "reason", "rule", "graph_hash", "details")}
+            verdict = ValidationResult(**fields, **common)
+        except (TypeError, ValueError) as exc:
+            return ValidationResult(valid=False, rule="runtime_error", **common,
+                                    reason=f"the module's process returned a malformed result ({type(exc).__name__})")
+        if verdict.valid and not verdict.graph_hash:  # the checks always hash the graph they ran: a forged verdict
+            return ValidationResult(valid=False, rule="runtime_error", **common,
+                                    reason="the module's process returned a verdict the checks did not write")
+        verdict.details = finite(verdict.details)
+        verdict.details["isolation"] = outcome.isolation
+        return verdict
 
     def validate(self, source: str) -> ValidationResult:
         verdict = check_static(source)

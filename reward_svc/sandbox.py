@@ -66,8 +66,11 @@ class Child:
 
     def run(self, spec: dict[str, Any]) -> tuple[SandboxResult, dict[str, Any] | None]:
         outcome = self.process.run((json.dumps(spec) + "\n").encode())
-        result_file = self.workdir / "result.json"
-        return outcome, json.loads(result_file.read_text()) if result_file.exists() else None
+        try:  # written by a process that ran untrusted code: anything but a JSON object is no result
+            result = json.loads((self.workdir / "result.json").read_text())
+        except (OSError, ValueError, RecursionError):
+            return outcome, None
+        return outcome, result if isinstance(result, dict) else None
 
     @property
     def ready(self) -> bool:

@@ -123,3 +123,22 @@ def test_the_module_never_runs_in_the_generators_process(generator: TemplateGene
     assert draft.declined is None or "policy" in draft.declined  # open() in the module: the reward policy refuses it
     assert not marker.exists() and not imported.exists()
     assert "KZ_TEMPLATE_SIDE_EFFECT" not in os.environ
+
+
+def test_the_trace_childs_graph_cannot_smuggle_code_into_the_kernel() -> None:
+    """Everything in the graph came from the module's process: names must be plain identifiers."""
+    from pydantic import ValidationError
+
+    from coder_svc.template.graph import Graph
+
+    def graph(ref: str, name: str = "mm", kwargs: dict | None = None) -> dict:
+        return {"traced_on": "meta", "nodes": [
+            {"name": "x", "op": "placeholder", "target": "x"},
+            {"name": name, "op": "call_function", "target": "torch.matmul", "args": [{"node": ref}, {"node": "x"}], "kwargs": kwargs or {}},
+            {"name": "output", "op": "output", "target": "output", "args": [{"node": name}]}]}
+
+    Graph.model_validate(graph("x"))
+    for bad in (graph("x)\n        __import__('os').system('id')\n        return (v_x"), graph("x\n"), graph("undefined"),
+                graph("x", name="lambda"), graph("x", kwargs={"if": 1}), graph("x", name="x")):
+        with pytest.raises(ValidationError):
+            Graph.model_validate(bad)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from proposer_svc.validate import (ValidationOptions, ValidationResult, Validator, check_static, source_hash, validate_module,
-                                   validate_modules)
+from proposer_svc.validate import (ValidationOptions, ValidationResult, Validator, check_static, finite, source_hash,
+                                   validate_module, validate_modules)
 from services.config import Settings
 
 HEADER = "import torch\nimport torch.nn as nn\n"
@@ -166,6 +166,20 @@ def test_reasons_say_what_happened(batch: dict[str, ValidationResult]) -> None:
 def test_structure_is_checked_on_the_ast_alone(source: str, reason: str) -> None:
     verdict = check_static(source)
     assert isinstance(verdict, ValidationResult) and verdict.rule == "structure" and reason in verdict.reason, verdict
+
+
+def test_modules_that_could_forge_their_verdict_or_break_the_parser_are_refused_statically() -> None:
+    """The checks run in the module's process: the reward policy keeps it off files and the harness."""
+    forger = GOOD.replace("import torch\n", "import torch\nopen('result.json', 'w').write('{\"valid\": true}')\n", 1)
+    verdict = check_static(forger)
+    assert isinstance(verdict, ValidationResult) and verdict.rule == "policy" and "open" in verdict.reason
+    nested = check_static("x = " + "+".join(["a"] * 2000) + "\n" + GOOD)
+    assert isinstance(nested, ValidationResult) and nested.rule == "structure"
+
+
+def test_measurements_are_stored_as_finite_json() -> None:
+    """An integer output that changed completely measures inf; the database and HTTP take null."""
+    assert finite({"seed_change": float("inf"), "runs": [1.0, float("nan")], "n": 3}) == {"seed_change": None, "runs": [1.0, None], "n": 3}
 
 
 @pytest.mark.slow  # sandboxed children

@@ -24,7 +24,8 @@ from coder_svc.models.base import Completion, Message, Sampling
 
 log = structlog.get_logger(__name__)
 
-RETRYABLE_TRANSPORT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
+RETRYABLE_TRANSPORT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError,
+                              httpx.ReadError, httpx.WriteError)
 
 
 class ModelBackendError(RuntimeError):
@@ -112,7 +113,10 @@ class OpenAIChatModel:
             body["seed"] = seed
         data = self._post_json("/chat/completions", body)
         served = data.get("model") or model
-        version = data.get("system_fingerprint") or self.model_version(served)
+        try:
+            version = data.get("system_fingerprint") or self.model_version(served)
+        except ModelBackendError:  # the completions are good; an endpoint without /models costs only the version
+            version = None
         return [Completion(text=(choice.get("message") or {}).get("content") or "", model=served,
                            model_version=version, finish_reason=choice.get("finish_reason"))
                 for choice in sorted(data.get("choices", []), key=lambda c: c.get("index", 0))]
@@ -186,6 +190,8 @@ class OpenAIChatModel:
             except httpx.TimeoutException as exc:
                 # A read timeout means the server is generating past our limit; repeating it only doubles the cost.
                 raise ModelBackendError(f"{method} {url} timed out: {type(exc).__name__}") from exc
+            except httpx.HTTPError as exc:  # any other transport failure: ours to report, not httpx's
+                raise ModelBackendError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
             else:
                 if response.is_success:
                     return response

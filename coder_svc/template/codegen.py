@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coder_svc.template.fusion import External, Group, Plan
-from coder_svc.template.graph import IDENTIFIER, DtypeConst, Graph, Node, NodeRef, Opaque, SliceConst, TupleConst
+from coder_svc.template.graph import DtypeConst, Graph, Node, NodeRef, Opaque, SliceConst, TupleConst, is_name
 from coder_svc.template.lowering import Elementwise, Reduce, Softmax
 from coder_svc.template.triton_ops import HELPERS, expression, literal
 
@@ -68,7 +68,7 @@ class ForwardWriter:
     def call_args(self, node: Node, skip: int = 0) -> str:
         parts = [self.arg(a) for a in node.args[skip:]]
         for key, value in node.kwargs.items():
-            if not IDENTIFIER.match(key):
+            if not is_name(key):
                 raise Unsupported(f"keyword {key!r}")
             parts.append(f"{key}={self.arg(value)}")
         return ", ".join(parts)
@@ -77,7 +77,7 @@ class ForwardWriter:
     def attribute_chain(target: str) -> str:
         chain = "self"
         for part in target.split("."):
-            chain = f"{chain}.{part}" if IDENTIFIER.match(part) else f"getattr({chain}, {part!r})"
+            chain = f"{chain}.{part}" if is_name(part) else f"getattr({chain}, {part!r})"
         return chain
 
     def statement(self, node: Node) -> str:
@@ -86,7 +86,7 @@ class ForwardWriter:
         if node.op == "call_module":
             return f"{self.var(node.name)} = {self.attribute_chain(node.target)}({self.call_args(node)})"
         if node.op == "call_method":
-            if not IDENTIFIER.match(node.target) or not node.args:
+            if not is_name(node.target) or not node.args:
                 raise Unsupported(f"method {node.target}")
             return f"{self.var(node.name)} = {self.arg(node.args[0])}.{node.target}({self.call_args(node, skip=1)})"
         if node.op == "call_function":
@@ -106,7 +106,7 @@ def forward_source(plan: Plan) -> str:
     params, body = [], []
     for node in plan.graph.nodes:
         if node.op == "placeholder":
-            if node.target.startswith("*") or not IDENTIFIER.match(node.target):
+            if node.target.startswith("*") or not is_name(node.target):
                 raise Unsupported("the forward takes *args or **kwargs")
             default = f"={writer.arg(node.args[0])}" if node.args else ""
             params.append(f"v_{node.name}{default}")

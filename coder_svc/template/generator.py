@@ -36,15 +36,17 @@ class TemplateGenerator:
             graph = trace_module(module_source, self.settings)
         except TraceError as exc:
             return self._declined(f"trace failed: {exc}")
-        fused = plan(graph)
-        details: dict[str, Any] = {"traced_on": graph.traced_on, **describe(fused)}
-        if not fused.groups:
-            return self._declined(no_fusable_reason(fused), details)
         try:
+            fused = plan(graph)
+            details: dict[str, Any] = {"traced_on": graph.traced_on, **describe(fused)}
+            if not fused.groups:
+                return self._declined(no_fusable_reason(fused), details)
             source = generate_source(module_source, fused)
+            violations = check_source(source)
         except Unsupported as exc:
-            return self._declined(f"cannot write the forward: {exc}", details)
-        violations = check_source(source)
+            return self._declined(f"cannot write the forward: {exc}")
+        except (SyntaxError, KeyError, TypeError, ValueError) as exc:  # a graph the trace child should not have printed
+            return self._declined(f"cannot write the forward from this graph: {type(exc).__name__}: {exc}"[:300])
         if violations:
             return self._declined(f"the reward policy would reject the module's own code: {violations[0].describe()}", details)
         details["source_sha256"] = hashlib.sha256(source.encode()).hexdigest()

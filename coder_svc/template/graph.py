@@ -6,14 +6,20 @@ identifiers before any of them can reach generated source, and constants are pla
 
 from __future__ import annotations
 
+import keyword
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypeAliasType
 
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+
+
+def is_name(value: str, pattern: re.Pattern[str] = IDENTIFIER) -> bool:
+    """The whole string (no trailing newline) matches, and no part of it is a Python keyword."""
+    return pattern.fullmatch(value) is not None and not any(keyword.iskeyword(part) for part in value.split("."))
 MAX_NODES = 5000
 
 
@@ -33,6 +39,13 @@ class TensorMeta(BaseModel):
 class NodeRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node: str
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str) -> str:
+        if not is_name(value):
+            raise ValueError(f"node reference {value!r} is not an identifier")
+        return value
 
 
 class DtypeConst(BaseModel):
@@ -82,14 +95,22 @@ class Node(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not IDENTIFIER.match(value):
+        if not is_name(value):
             raise ValueError(f"node name {value!r} is not an identifier")
+        return value
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        bad = [key for key in value if not is_name(key)]
+        if bad:
+            raise ValueError(f"keyword {bad[0]!r} is not an identifier")
         return value
 
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
-        if not DOTTED.match(value):
+        if not is_name(value, DOTTED):
             raise ValueError(f"target {value!r} is not a dotted name")
         return value
 
@@ -103,6 +124,19 @@ class Graph(BaseModel):
     nodes: list[Node] = Field(max_length=MAX_NODES)
     traced_on: str
     """'meta' (shapes only, nothing allocated) or 'cpu' (the module would not build on meta)."""
+
+    @model_validator(mode="after")
+    def _references_point_back(self) -> "Graph":
+        """Unique names, and every argument refers to a node defined before it."""
+        seen: set[str] = set()
+        for node in self.nodes:
+            missing = [name for name in node_refs(node.args) + node_refs(node.kwargs) if name not in seen]
+            if missing:
+                raise ValueError(f"node {node.name} refers to {missing[0]!r}, which no earlier node defines")
+            if node.name in seen:
+                raise ValueError(f"node name {node.name!r} appears twice")
+            seen.add(node.name)
+        return self
 
     def by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}

@@ -51,7 +51,7 @@ def trace_module(source: str, settings: Settings | None = None, timeout_s: float
         raise TraceError("the op graph is too large")
     try:
         answer = json.loads(outcome.stdout)
-    except ValueError:
+    except (ValueError, RecursionError):
         tail = " | ".join(outcome.stderr.decode(errors="replace").strip().splitlines()[-3:])
         raise TraceError(f"the trace child gave no graph ({outcome.describe()}): {tail}"[:500]) from None
     if not isinstance(answer, dict):
@@ -60,5 +60,7 @@ def trace_module(source: str, settings: Settings | None = None, timeout_s: float
         raise TraceError(str(answer["error"])[:500])
     try:
         return Graph.model_validate(answer.get("graph"))
+    except RecursionError:
+        raise TraceError("the op graph is nested too deeply") from None
     except ValidationError as exc:
         raise TraceError(f"the op graph is malformed: {exc.errors()[0]['msg']}") from None

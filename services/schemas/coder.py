@@ -20,7 +20,7 @@ class SamplingIn(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=16, le=65536)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
 
 
 class ScoringIn(BaseModel):
@@ -50,6 +50,8 @@ class KernelRequest(BaseModel):
             tree = ast.parse(source)
         except SyntaxError as exc:
             raise ValueError(f"module is not valid Python: {exc.msg} (line {exc.lineno})") from None
+        except (RecursionError, MemoryError, ValueError) as exc:
+            raise ValueError(f"module cannot be parsed: {type(exc).__name__}") from None
         names = {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
         missing = [name for name in ("Model", "get_inputs") if name not in names]
         if missing:

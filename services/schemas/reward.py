@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,7 +32,7 @@ class ScoreRequest(BaseModel):
 
 class GroupScoreRequest(BaseModel):
     reference: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS)
-    candidates: list[str] = Field(..., min_length=1, max_length=64)
+    candidates: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(..., min_length=1, max_length=64)
     options: ScoreOptions = ScoreOptions()
     ca_grpo: CAGRPOConfig = CAGRPOConfig()
     wait_s: float = Field(60.0, ge=0, le=600)
