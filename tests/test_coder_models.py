@@ -298,7 +298,22 @@ class Script:
                 "choices": [{"index": i, "message": {"role": "assistant", "content": f"{self.reply} seed={body.get('seed')}"},
                              "finish_reason": "stop"} for i in range(n)]})
 
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> JSONResponse:
+            name = (await request.json())["lora_name"]
+            if name == "held":  # what vLLM answers when another worker loaded it first
+                return JSONResponse({"error": {"message": f"The lora adapter '{name}' has already been loaded."}}, status_code=400)
+            return JSONResponse({"error": {"message": f"No adapter found at the path for '{name}'."}}, status_code=400)
+
         return app
+
+
+def test_an_adapter_another_worker_loaded_is_not_an_error() -> None:
+    with serving(Script().app()) as url:
+        client = OpenAIChatModel(url, "scripted", max_retries=0)
+        client.load_adapter("held", "/adapters/held")
+        with pytest.raises(ModelBackendError, match="No adapter found"):
+            client.load_adapter("missing", "/adapters/missing")
 
 
 def test_503_twice_then_success_after_backoff() -> None:

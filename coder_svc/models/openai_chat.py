@@ -149,8 +149,15 @@ class OpenAIChatModel:
         self._versions.clear()
 
     def load_adapter(self, name: str, path: str) -> None:
-        """vLLM runtime LoRA loading (the server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)."""
-        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        """vLLM runtime LoRA loading (the server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+
+        Every worker process applies the serving version when it starts, so the shared server may
+        already hold the adapter: vLLM's 400 "already been loaded" is success here."""
+        try:
+            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        except ModelBackendError as exc:
+            if exc.status != 400 or "already" not in str(exc).lower():
+                raise
         self._versions.clear()
 
     def unload_adapter(self, name: str) -> None:
