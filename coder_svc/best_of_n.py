@@ -7,6 +7,7 @@ The same steps serve the Coder worker (scoring over HTTP, the reward service per
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,12 +39,16 @@ class ScoringFailed(RuntimeError):
 class RewardServiceScorer:
     """Scores through the reward service's HTTP API; the service stores tasks, candidates and scores."""
 
-    def __init__(self, client: RewardClient, wait_s: float = 1500.0) -> None:
+    def __init__(self, client: RewardClient, wait_s: float = 1500.0, deadline: float | None = None) -> None:
+        """``deadline`` (``time.monotonic()``) caps the wait: a job must end with a verdict or a
+        clear ``ScoringFailed`` before its own time limit stops it."""
         self.client = client
         self.wait_s = wait_s
+        self.deadline = deadline
 
     def score(self, reference: str, candidates: list[str], options: ScoreOptions) -> Scored:
-        response = self.client.score_group(reference, candidates, options, wait_s=self.wait_s)
+        wait_s = self.wait_s if self.deadline is None else max(1.0, min(self.wait_s, self.deadline - time.monotonic()))
+        response = self.client.score_group(reference, candidates, options, wait_s=wait_s)
         if response.result is None:
             raise ScoringFailed(f"reward job {response.job_id} {response.job_status}: {response.error or 'no result in time'}")
         return Scored(response.result, response.job_id)

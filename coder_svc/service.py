@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,8 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     """The Celery job body: generate n candidates, score them over HTTP, link them to the task."""
     request = KernelRequest.model_validate(payload)
     settings = get_settings()
+    # Leave a minute before Celery's soft limit, so a slow reward job ends as ScoringFailed, not a kill.
+    deadline = time.monotonic() + settings.task_soft_time_limit_s - 60
     kind: ModelBackend = request.model_backend or settings.coder_model_backend
     version = serving_version()  # read at the start of every job: an admin switch reaches the next job
     generator = generators.get(kind, version)
@@ -65,7 +68,7 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     options = ScoreOptions(backend=request.backend, **request.scoring.model_dump())
     with RewardClient() as client:
         result = best_of_n(generator, request.module, request.backend, sampling,
-                           RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s), options)
+                           RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s, deadline=deadline), options)
     if kind != "template" and version is not None:
         result.model_version_id = version.id
     if result.reward_job_id is not None:
