@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from services.config import Settings, get_settings
-from reward_svc.policy import check_source
+from reward_svc.policy import check_tree
 
 CHILD_ENTRY = "proposer_svc.validation_child"
 RULES = (
@@ -220,7 +220,7 @@ def check_static(source: str) -> ValidationResult | str:
         return ValidationResult(valid=False, rule="structure", reason=problem, source_hash=digest)
     # The checks run in the module's own process: the reward service's capability policy (no files,
     # processes, frames, heap walking or harness patching) keeps it from writing its own verdict.
-    violations = check_source(source)
+    violations = check_tree(tree)
     if violations:
         return ValidationResult(valid=False, rule="policy", reason=violations[0].describe(), source_hash=digest)
     return digest

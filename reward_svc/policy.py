@@ -148,7 +148,11 @@ def _root_name(node: ast.AST) -> str | None:
 
 def check_source(source: str) -> list[PolicyViolation]:
     """All violations of the capability policy in a candidate's source (empty: allowed)."""
-    tree = ast.parse(source)
+    return check_tree(ast.parse(source))
+
+
+def check_tree(tree: ast.Module) -> list[PolicyViolation]:
+    """``check_source`` for a source the caller has parsed already."""
     checker = _Checker()
     checker.visit(tree)
     return checker.violations
