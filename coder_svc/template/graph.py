@@ -10,7 +10,7 @@ import keyword
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypeAliasType
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -20,6 +20,23 @@ DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 def is_name(value: str, pattern: re.Pattern[str] = IDENTIFIER) -> bool:
     """The whole string (no trailing newline) matches, and no part of it is a Python keyword."""
     return pattern.fullmatch(value) is not None and not any(keyword.iskeyword(part) for part in value.split("."))
+
+
+def _identifier(value: str) -> str:
+    if not is_name(value):
+        raise ValueError(f"{value!r} is not an identifier")
+    return value
+
+
+def _dotted(value: str) -> str:
+    if not is_name(value, DOTTED):
+        raise ValueError(f"{value!r} is not a dotted name")
+    return value
+
+
+# Every name the graph carries may end up in generated source: only these two shapes get through.
+Identifier = Annotated[str, AfterValidator(_identifier)]
+Dotted = Annotated[str, AfterValidator(_dotted)]
 MAX_NODES = 5000
 
 
@@ -38,14 +55,7 @@ class TensorMeta(BaseModel):
 
 class NodeRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    node: str
-
-    @field_validator("node")
-    @classmethod
-    def _node(cls, value: str) -> str:
-        if not is_name(value):
-            raise ValueError(f"node reference {value!r} is not an identifier")
-        return value
+    node: Identifier
 
 
 class DtypeConst(BaseModel):
@@ -84,35 +94,13 @@ class ModuleInfo(BaseModel):
 
 class Node(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str
+    name: Identifier
     op: Literal["placeholder", "get_attr", "call_function", "call_method", "call_module", "output"]
-    target: str
+    target: Dotted
     args: list[Arg] = []
-    kwargs: dict[str, Arg] = {}
+    kwargs: dict[Identifier, Arg] = {}
     meta: TensorMeta | list[TensorMeta | None] | None = None
     module: ModuleInfo | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not is_name(value):
-            raise ValueError(f"node name {value!r} is not an identifier")
-        return value
-
-    @field_validator("kwargs")
-    @classmethod
-    def _kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        bad = [key for key in value if not is_name(key)]
-        if bad:
-            raise ValueError(f"keyword {bad[0]!r} is not an identifier")
-        return value
-
-    @field_validator("target")
-    @classmethod
-    def _target(cls, value: str) -> str:
-        if not is_name(value, DOTTED):
-            raise ValueError(f"target {value!r} is not a dotted name")
-        return value
 
     @property
     def tensor(self) -> TensorMeta | None:
