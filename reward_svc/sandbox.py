@@ -125,6 +125,7 @@ class ChildPool:
         env = {
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             "TRITON_CACHE_DIR": str(workdir / "triton"),
+            # harness/triton_cache.py (named here, not imported: that module imports triton)
             "TRITON_CACHE_MANAGER": "reward_svc.harness.triton_cache:LayeredCacheManager",
             "KZ_TRITON_LAYERS": str(self.triton_base) if self.triton_base.is_dir() else "",
             "TORCH_EXTENSIONS_DIR": str(workdir / "torch_extensions"),

@@ -42,7 +42,8 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
     from reward_svc.compile import install_fast_load_inline
 
     install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
-    _route_triton_cache(Path(spec["compile_cache"]))
+    if spec["device"] == "cuda":  # the interpreter compiles nothing: no Triton build to keep
+        _route_triton_cache(Path(spec["compile_cache"]))
     fast = cpp_extension.load_inline
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:

@@ -20,7 +20,6 @@ from typing import Optional
 from triton.runtime.cache import FileCacheManager
 
 LAYERS_ENV = "KZ_TRITON_LAYERS"
-MANAGER = f"{__name__}:LayeredCacheManager"
 
 
 class LayeredCacheManager(FileCacheManager):
