@@ -8,9 +8,11 @@ Both evaluate the same (problem, candidate) pairs on the same GPU, one after the
   not vendored: pass a checkout with ``--kernelbench``. Its ``utils`` imports the LLM clients
   ``openai`` and ``litellm`` at module level; where they are not installed (the GPU machine is
   offline) empty stand-ins are registered, since evaluation never calls them.
-- ``ours``: one ``Evaluator`` as a reward worker holds it (sandboxed reference and candidate
-  children, default settings, warm pool), one group per problem; the clock starts once the worker's
-  pool is warm, as for a worker that was already running when the jobs arrived.
+  Resumable from its rows file, so a long set can be timed over several device calls.
+- ``ours``: one ``Evaluator`` as a GPU reward worker holds it (sandboxed reference and candidate
+  children, default settings, warm pool), one group per problem, ``--concurrency`` groups in flight
+  as the worker's threads pool runs them (timing stays exclusive per GPU); the clock starts once
+  the worker's pool is warm, as for a worker that was already running when the jobs arrived.
 
 Steps:
   prepare  write the template generator's candidates for a problem directory (CPU is fine)
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -97,17 +100,20 @@ def _kb_eval_one(kernelbench: str, reference: str, candidate: str, build_dir: st
             "ref_runtime_us": getattr(result, "ref_runtime", None)}
 
 
-def _checkpoint(rows: list[dict[str, Any]], partial: Path | None) -> None:
+def _checkpoint(rows: list[dict[str, Any]], partial: Path) -> None:
     """Rows so far, so a run cut short by a time limit still leaves its figures."""
-    if partial is not None:
-        partial.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    partial.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
-def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path, partial: Path | None = None) -> dict[str, Any]:
+def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path, partial: Path) -> dict[str, Any]:
+    """One sample after the other, as their script does on one GPU; resumes from ``partial``, so a
+    set longer than one device call is timed over several (the rate is over the rows' wall times)."""
     context = mp.get_context("spawn")
-    rows, started = [], time.perf_counter()
+    names = {w[0] for w in work}
+    rows = [r for r in _load_rows(partial) if r["problem"] in names]
+    done = {r["problem"] for r in rows}
     with tempfile.TemporaryDirectory() as build_root:
-        for name, reference, candidate in track(work, description="KernelBench eval", console=console):
+        for name, reference, candidate in track([w for w in work if w[0] not in done], description="KernelBench eval", console=console):
             t0 = time.perf_counter()
             with context.Pool(1) as pool:
                 try:
@@ -116,31 +122,45 @@ def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path, partial
                     row = {"compiled": False, "correct": False, "error": "timeout"}
             rows.append({"problem": name, "wall_s": round(time.perf_counter() - t0, 3), **row})
             _checkpoint(rows, partial)
-    return _summary(rows, time.perf_counter() - started)
+    return _summary(rows, sum(r["wall_s"] for r in rows))
+
+
+def _load_rows(partial: Path) -> list[dict[str, Any]]:
+    if not partial.exists():
+        return []
+    return [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
 
 
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(work: list[tuple[str, str, str]], partial: Path | None = None) -> dict[str, Any]:
+def run_ours(work: list[tuple[str, str, str]], partial: Path, concurrency: int) -> dict[str, Any]:
+    """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs."""
     from reward_svc.evaluate import EvalOptions, Evaluator, warm_children
 
     evaluator = Evaluator()
     options = EvalOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda", options.timeout_s)
     warmed = pool.wait_ready(timeout_s=300)
-    rows, started = [], time.perf_counter()
+    rows: list[dict[str, Any]] = []
+
+    def evaluate_one(name: str, reference: str, candidate: str) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        verdict = evaluator.evaluate_group(reference, [candidate], options).verdicts[0]
+        return {"problem": name, "wall_s": round(time.perf_counter() - t0, 3), "status": verdict.status, "correct": verdict.correct,
+                "speedup": verdict.speedup, "reason": verdict.reason[:200], "seconds": verdict.details.get("seconds")}
+
+    started = time.perf_counter()
     try:
-        for name, reference, candidate in track(work, description="KernelZero eval", console=console):
-            t0 = time.perf_counter()
-            verdict = evaluator.evaluate_group(reference, [candidate], options).verdicts[0]
-            rows.append({"problem": name, "wall_s": round(time.perf_counter() - t0, 3), "status": verdict.status,
-                         "correct": verdict.correct, "speedup": verdict.speedup, "reason": verdict.reason[:200]})
-            _checkpoint(rows, partial)
+        with ThreadPoolExecutor(max_workers=concurrency) as executor:
+            futures = [executor.submit(evaluate_one, *w) for w in work]
+            for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
+                rows.append(future.result())
+                _checkpoint(rows, partial)
     finally:
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
-    summary.update(warm_children=warm_children(evaluator.settings, "cuda"), pool_warm_at_start=warmed)
+    summary.update(concurrency=concurrency, warm_children=warm_children(evaluator.settings, "cuda"), pool_warm_at_start=warmed)
     return summary
 
 
@@ -159,6 +179,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=30)
     parser.add_argument("--only", choices=["ours", "kernelbench"], help="time one side only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--concurrency", type=int, help="our groups in flight (default: KZ_REWARD_GPU_CONCURRENCY)")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.problems, args.candidates, args.limit)
@@ -172,12 +193,15 @@ def main() -> None:
                               "problems": len(work)}
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only != "kernelbench":
-        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl")
+        from services.config import get_settings
+
+        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency)
     if args.only != "ours":
         report["kernelbench"] = run_kernelbench(work, args.kernelbench, args.out / "kernelbench_rows.jsonl")
     if "ours" in report and "kernelbench" in report:
         report["throughput_ratio"] = round(report["ours"]["candidates_per_min"] / report["kernelbench"]["candidates_per_min"], 2)
-        report["agreement"] = sum(a["correct"] == b["correct"] for a, b in zip(report["ours"]["rows"], report["kernelbench"]["rows"]))
+        theirs = {r["problem"]: r["correct"] for r in report["kernelbench"]["rows"]}
+        report["agreement"] = sum(r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"])
     (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
     table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates")
     for column in ("evaluator", "candidates/min", "p50 s", "correct"):

@@ -86,6 +86,7 @@ def evaluate(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     timeout: float = typer.Option(180.0, "--timeout", help="Wall-clock limit of each sandboxed child, seconds."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed, where the backend honours one."),
+    concurrency: int = typer.Option(1, "--concurrency", min=1, max=32, help="Problems scored at once (GPU: 4 overlaps compiles with timing)."),
 ) -> None:
     """pass@k, fast_p and geometric-mean speedup of a model on a problem set: JSON, markdown, plot."""
     from coder_svc.best_of_n import LocalScorer
@@ -107,7 +108,8 @@ def evaluate(
     generator = _generator(model_backend)
     evaluator = Evaluator()
     try:
-        harness = Harness(generator, LocalScorer(evaluator), kernel_backend, samples, options, _sampling(samples, seed), out)
+        harness = Harness(generator, LocalScorer(evaluator), kernel_backend, samples, options, _sampling(samples, seed), out,
+                          concurrency)
         records = harness.run(found)
     finally:
         evaluator.close()

@@ -37,6 +37,7 @@ class LLMKernelGenerator:
         self.chat_model = chat_model
         self.settings = settings or get_settings()
         self.name = f"llm:{chat_model.backend}"
+        self.thread_safe = chat_model.backend == "openai"  # an HTTP client is; a local model in this process is not
 
     def generate(self, module_source: str, backend: KernelBackend, sampling: Sampling) -> list[KernelDraft]:
         messages = kernel_messages(module_source, backend, system_prompt_for(backend, self.settings))

@@ -5,11 +5,12 @@ Plain functions over plain data, so the CLI, the Celery task and the tests call 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
 import signal
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +19,8 @@ from typing import Any, Literal
 
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
+from reward_svc.build_cache import BuildCache
+from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
 from reward_svc.sandbox import Child, ChildPool, Layout
 from reward_svc.verdict import Verdict
@@ -66,13 +69,16 @@ class Evaluator:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
         self.layout = Layout(self.settings.data_dir / "reward").create()
+        self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[tuple[str, float], ChildPool] = {}
+        self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
-        if key not in self._pools:
-            self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device))
-        return self._pools[key]
+        with self._pools_lock:
+            if key not in self._pools:
+                self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device))
+            return self._pools[key]
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -96,7 +102,9 @@ class Evaluator:
             "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
             "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
         }
+        started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)
+        reference_s = time.perf_counter() - started
         try:
             if ref_result is None or ref_result.get("status") != "ok":
                 why = ref_result.get("reason") if ref_result else _crash_reason(outcome, "the reference")
@@ -109,7 +117,9 @@ class Evaluator:
             tolerance = Tolerance(options.atol, options.rtol)
 
             def run_one(i: int) -> None:
-                verdicts[i] = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
+                verdict = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
+                verdict.details.setdefault("seconds", {})["reference"] = round(reference_s, 3)
+                verdicts[i] = verdict
 
             with ThreadPoolExecutor(max_workers=self.settings.reward_parallel_children) as executor:
                 list(executor.map(run_one, pending))
@@ -127,9 +137,8 @@ class Evaluator:
 
         child = self.pool(device, options.timeout_s).take()
         try:
-            digest = hashlib.sha256(source.encode()).hexdigest()
-            cached = self.layout.cache / digest
-            build = cached if cached.exists() else child.workdir / "build"
+            cached = self.builds.lookup(source)
+            build = cached or child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             spec = {
                 "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
@@ -137,18 +146,33 @@ class Evaluator:
                 "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
                 "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
             }
+            started = time.perf_counter()
             outcome, result = child.run(spec)
+            candidate_s = time.perf_counter() - started
             if result is None:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
-            verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, tolerance)
-            if build != cached and build.exists() and verdict.status not in ("compile_error",):
-                _publish(build, cached)
-            verdict.details["compile_cache_hit"] = build == cached
+            started = time.perf_counter()
+            with gpu_lock(self._gpu_lock(device)):
+                verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, tolerance, device)
+                _release_device_memory(device)
+            verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
+            verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}
+            if cached is None and build.exists() and verdict.status != "compile_error":
+                self.builds.publish(build, source)
+            verdict.details["compile_cache_hit"] = cached is not None
             verdict.details["isolation"] = outcome.isolation
             return verdict
         finally:
             child.discard()
+
+
+def _release_device_memory(device: str) -> None:
+    """The judge's tensors go back to the device, not to this worker's allocator cache."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def warm_children(settings: Settings, device: str) -> int:
@@ -184,14 +208,6 @@ def _crash_reason(outcome: SandboxResult, who: str) -> str:
         return f"{who} crashed: {outcome.describe()} ({name})"
     tail = outcome.stderr.decode(errors="replace").strip().splitlines()[-3:]
     return f"{who} exited without a result ({outcome.describe()}): {' | '.join(tail)}"
-
-
-def _publish(build: Path, cached: Path) -> None:
-    """Move a child's build into the shared cache; a concurrent publisher of the same source wins."""
-    try:
-        build.rename(cached)
-    except OSError:
-        pass
 
 
 def evaluate(reference: str, candidate: str, options: EvalOptions, evaluator: Evaluator | None = None) -> Verdict:

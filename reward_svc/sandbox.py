@@ -5,10 +5,11 @@ Layout under ``<data_dir>/reward``:
   exchange/<id>/    a reference run's inputs, published by the worker after the child exits
                     (read-only to every candidate child; the expected outputs never leave jobs/)
   cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
-                    clean run; read-only to children, so no candidate can poison another's cache
+                    clean run; read-only to children, so no candidate can poison another's cache;
+                    capped, least recently used evicted first (build_cache.py)
   cache/triton-base Triton's driver stubs and warm-up kernel, built once per worker by a child
                     that runs only our own code; read-only to children (harness/triton_cache.py)
-  locks/            one lock file per GPU: GPU work inside children is exclusive per device
+  locks/            one lock file per GPU: shared by correctness work, exclusive while timing
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The judge: turns the two children's files and observations into one verdict.
 
-Runs in the worker, on data only (tensors loaded with ``weights_only``); no candidate code.
+Runs in the worker, on data only (tensors loaded with ``weights_only``); no candidate code. On a
+GPU host the tensors are compared on the device: GB-sized outputs cost milliseconds there.
 Order matters: a candidate is first held to the dynamic guards (did a custom kernel run, did its
 result reach the output, did it tamper), then to correctness on every trial.
 """
@@ -36,7 +37,7 @@ class Tolerance:
 
 
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
-          trials: int, tolerance: Tolerance) -> Verdict:
+          trials: int, tolerance: Tolerance, device: str = "cpu") -> Verdict:
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
     if status != "ok":
@@ -49,20 +50,20 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
 
     max_error = 0.0
     for case in range(trials):
-        ok, why, error = compare(tensors.load(cand_dir / f"output_{case}.pt"), tensors.load(ref_dir / f"expected_{case}.pt"), tolerance)
+        ok, why, error = compare(tensors.load(cand_dir / f"output_{case}.pt", device), tensors.load(ref_dir / f"expected_{case}.pt", device), tolerance)
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     refresh = cand_dir / "output_refresh.pt"
     if refresh.exists():
-        ok, why, _ = compare(tensors.load(refresh), tensors.load(ref_dir / "expected_0.pt"), tolerance)
+        ok, why, _ = compare(tensors.load(refresh, device), tensors.load(ref_dir / "expected_0.pt", device), tolerance)
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if knockout.exists():
-        ok, _, _ = compare(tensors.load(knockout), tensors.load(ref_dir / f"expected_{trials}.pt"), tolerance)
+        ok, _, _ = compare(tensors.load(knockout, device), tensors.load(ref_dir / f"expected_{trials}.pt", device), tolerance)
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does)", guard="decoy_kernel", max_abs_error=_finite(max_error))
@@ -140,19 +141,22 @@ def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) 
     if not (ref.is_floating_point() or ref.is_complex()):
         equal = torch.equal(out, ref)
         return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf
-    out64, ref64 = out.double(), ref.double()
-    ref_finite = torch.isfinite(ref64)
-    if not torch.equal(torch.isfinite(out64), ref_finite) or not torch.equal(torch.isnan(out64), torch.isnan(ref64)):
+    # Half types are compared in float32, the rest in their own type: a GB-sized output must not
+    # double in size (on the GPU that is the difference between judging and running out of memory).
+    compute = torch.promote_types(ref.dtype, torch.float32)
+    out_c, ref_c = out.to(compute), ref.to(compute)
+    ref_finite = torch.isfinite(ref_c)
+    if not torch.equal(torch.isfinite(out_c), ref_finite) or not torch.equal(torch.isnan(out_c), torch.isnan(ref_c)):
         return False, "NaN/Inf where the reference has none (or the reverse)", math.inf
-    if out64.numel() == 0:
+    if out_c.numel() == 0:
         return True, "", 0.0
-    diff = (out64 - ref64)[ref_finite].abs()
+    diff = (out_c - ref_c)[ref_finite].abs()
     error = float(diff.max()) if diff.numel() else 0.0
     atol, rtol = tolerance.for_dtype(ref.dtype)
-    if not torch.allclose(out64, ref64, atol=atol, rtol=rtol, equal_nan=True):
-        bad = int((~torch.isclose(out64, ref64, atol=atol, rtol=rtol, equal_nan=True)).sum())
+    if not torch.allclose(out_c, ref_c, atol=atol, rtol=rtol, equal_nan=True):
+        bad = int((~torch.isclose(out_c, ref_c, atol=atol, rtol=rtol, equal_nan=True)).sum())
         return False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error
-    ok, why = _reproduces_structure(out64[ref_finite], ref64[ref_finite], atol, rtol, ref.dtype)
+    ok, why = _reproduces_structure(out_c[ref_finite], ref_c[ref_finite], atol, rtol, ref.dtype)
     return ok, why, error
 
 

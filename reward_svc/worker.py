@@ -1,8 +1,10 @@
 """The reward service's Celery worker: `celery -A reward_svc.worker worker -Q compile,score.cpu`.
 
-One evaluator per worker process keeps its sandboxed children warm between jobs.
+One evaluator per worker process keeps its sandboxed children warm between jobs; a GPU worker
+runs with ``--pool threads`` so its concurrent jobs share that evaluator.
 """
 
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -11,9 +13,17 @@ from reward_svc.evaluate import Evaluator
 from reward_svc.service import SCORE_GROUP_TASK, run_score_job
 
 
+_evaluator_lock = threading.Lock()
+
+
 @lru_cache
-def evaluator() -> Evaluator:
+def _evaluator() -> Evaluator:
     return Evaluator()
+
+
+def evaluator() -> Evaluator:
+    with _evaluator_lock:  # lru_cache alone lets two first jobs on threads build two evaluators
+        return _evaluator()
 
 
 def score_group_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:

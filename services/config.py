@@ -49,6 +49,15 @@ class Settings(BaseSettings):
         "level-1 tensors reach 6.4 GB.",
     )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
+    reward_cache_max_bytes: int = Field(
+        default=20 << 30, gt=0,
+        description="Cap on published candidate builds; least recently used go first (never one used in the last hour).",
+    )
+    reward_gpu_concurrency: int = Field(
+        default=4, ge=1,
+        description="Groups a GPU reward worker evaluates at once (Celery threads pool): compiles and correctness trials "
+        "overlap, while timing stays exclusive through the device lock.",
+    )
 
     # Proposer service
     proposer_corpus: str = Field(default="default", description="Mined API statistics the proposer samples from.")

@@ -189,3 +189,16 @@ def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable
     [retried] = run("template")
     assert retried["status"] == "correct" and retried["sample"] == 0
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2  # both kept in the file; the latest counts
+
+
+@pytest.mark.slow
+def test_concurrent_eval_scores_every_problem_once(evaluator: Evaluator, problems: Path, tmp_path: Path) -> None:
+    """Problems scored in threads on one evaluator: one whole JSON line per sample, verdicts as alone."""
+    out = tmp_path / "eval"
+    harness = Harness(build_generator("template", evaluator.settings), LocalScorer(evaluator), "triton", 2,
+                      ScoreOptions(device="cpu"), Sampling(n=2), out, concurrency=3)
+    records = harness.run(discover(problems))
+    lines = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted((r["problem"], r["sample"]) for r in lines) == [(p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)]
+    status = {r["problem"]: r["status"] for r in records}
+    assert status == {"1_ReLU": "correct", "2_Softmax": "correct", "3_Matmul": "declined"}

@@ -65,7 +65,9 @@ def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
         assert queues == service_queues(service, []), service
     gpu = services["reward-gpu-worker"]
     assert worker_queues(gpu["command"], "reward") == service_queues("reward", [0])[1:]
-    assert option(gpu["command"], "-c") == "1"
+    # one process per GPU; its groups run in threads sharing the warm children (timing stays exclusive)
+    assert option(gpu["command"], "--pool") == "threads"
+    assert option(gpu["command"], "-c") == "${KZ_REWARD_GPU_CONCURRENCY:-4}"
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     for name, service in services.items():
         assert set(service.get("environment", {})) - {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= SETTING_VARS, name
@@ -101,6 +103,22 @@ def test_kubernetes_manifests_are_complete_and_consistent() -> None:
     gpu = deployments["reward-gpu-worker"]["spec"]["template"]["spec"]["containers"][0]
     assert worker_queues(gpu["command"], "reward") == ["score.gpu0"]
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert option(gpu["command"], "--pool") == "threads" and option(gpu["command"], "-c") == "$(KZ_REWARD_GPU_CONCURRENCY)"
+    assert "KZ_REWARD_GPU_CONCURRENCY" in by_kind["ConfigMap"]["kernelzero-config"]["data"]
+
+
+def test_up_runs_a_gpu_reward_worker_with_threads_and_the_rest_with_one_process() -> None:
+    from services.cli.launcher import platform_commands
+    from services.config import Settings
+
+    def worker(settings: Settings, service: str) -> list[str]:
+        return next(p.command for p in platform_commands(settings, (service,)) if p.name.endswith("worker"))
+
+    gpu = Settings(gpu_devices=[0], reward_gpu_concurrency=3)
+    assert option(worker(gpu, "reward"), "--pool") == "threads" and option(worker(gpu, "reward"), "-c") == "3"
+    for settings, service in ((Settings(gpu_devices=[]), "reward"), (gpu, "coder")):
+        command = worker(settings, service)
+        assert "--pool" not in command and option(command, "-c") == "1"
 
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")

@@ -59,6 +59,7 @@ class KernelDraft:
 
 class KernelGenerator(Protocol):
     name: str
+    thread_safe: bool  # may ``generate`` be called from several threads at once (the eval harness asks)
 
     def generate(self, module_source: str, backend: KernelBackend, sampling: Sampling) -> list[KernelDraft]:
         """Up to ``sampling.n`` candidate ``ModelNew`` sources for the module."""

@@ -20,6 +20,7 @@ from services.config import Settings
 
 class TemplateGenerator:
     name = "template"
+    thread_safe = True  # stateless: each trace runs in its own sandboxed child
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings

@@ -22,7 +22,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
-from reward_svc.harness.loading import hold_gpu_lock, import_file
+from reward_svc.harness.loading import Phases, hold_gpu_lock, import_file
 from reward_svc.harness.reference import build_model
 
 COMPILE_ONLY_MARK = "compiled only"
@@ -86,6 +86,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
     """Returns (result, outputs to save). The caller saves outputs after every candidate call."""
     device = spec["device"]
     exchange = Path(spec["exchange_dir"])
+    phases = Phases()
     counter = LaunchCounter()
     snapshot = IntegritySnapshot()
     counter.install_triton()
@@ -103,7 +104,9 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
 
     models: dict[int, torch.nn.Module] = {}
     case_args: list[Any] = []
-    hold_gpu_lock(spec.get("gpu_lock"))  # compiled in parallel above; GPU work is exclusive from here
+    phases.lap("import")
+    hold_gpu_lock(spec.get("gpu_lock"))  # load_inline compiled above, outside the lock; Triton compiles on first launch, shared
+    phases.lap("lock_wait")
     try:
         with torch.no_grad():
             for case in range(spec["trials"]):
@@ -121,25 +124,29 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
                     "observations": _finish_observations(observations, counter, snapshot)}, {}
         return {**_failure(exc, "while running ModelNew"), "observations": observations}, outputs
 
+    phases.lap("trials")
     observations = _finish_observations(observations, counter, snapshot)
-    result: dict[str, Any] = {"status": "ok", "observations": observations}
+    result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds}
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
         from reward_svc.harness.timing import time_gpu
 
         model = models[spec["weight_seeds"][0]]
         args = _case_inputs(spec, exchange, 0)
+        hold_gpu_lock(spec.get("gpu_lock"), exclusive=True)
+        phases.lap("lock_wait")
         try:
             with torch.no_grad():
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs
+        phases.lap("timing")
         result["observations"]["replaced_functions"] = snapshot.replaced()
     return result, outputs
 
 
 def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
     """The reference's inputs for one case, on this child's device."""
-    return tensors.to_device(tensors.load(exchange / f"inputs_{case}.pt"), spec["device"])
+    return tensors.load(exchange / f"inputs_{case}.pt", spec["device"])
 
 
 def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int) -> torch.nn.Module:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import sys
+import time
 import types
+from collections.abc import Iterator
+from typing import TextIO
 from pathlib import Path
 
 
@@ -19,12 +23,47 @@ def import_file(path: Path, module_name: str) -> types.ModuleType:
     return module
 
 
-_held: list[object] = []
+# The device lock is a reader-writer flock: correctness work (reference and candidate trials, the
+# judge) holds it shared and overlaps; timing holds it exclusive, so nothing else runs on the GPU
+# while a kernel is timed.
+_held: list[TextIO] = []
 
 
-def hold_gpu_lock(path: str | None) -> None:
-    """Take the device's lock until this process exits: timing is exclusive per GPU."""
-    if path:
-        handle = open(path, "a")  # noqa: SIM115 (held for the life of the process)
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        _held.append(handle)
+def hold_gpu_lock(path: str | None, *, exclusive: bool = False) -> None:
+    """Take (or convert) this process's hold on the device lock, until released or the process exits."""
+    if not path:
+        return
+    if not _held:
+        _held.append(open(path, "a"))  # noqa: SIM115 (held for the life of the process)
+    fcntl.flock(_held[0], fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+
+
+class Phases:
+    """Seconds per phase of a child's job, reported with its result: where the time went."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Charge the time since the previous lap to ``name`` (repeated names add up)."""
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._mark, 3)
+        self._mark = now
+
+
+def release_gpu_lock() -> None:
+    """Give the device back once the GPU work is done (a child then only writes its files)."""
+    while _held:
+        _held.pop().close()
+
+
+@contextlib.contextmanager
+def gpu_lock(path: str | None) -> Iterator[None]:
+    """A shared hold for one block: the worker's judge compares on the GPU, never during a timing."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield

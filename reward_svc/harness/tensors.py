@@ -33,7 +33,8 @@ def clone(obj: Any) -> Any:
 
 
 def to_cpu(obj: Any) -> Any:
-    return map_tensors(obj, lambda t: t.detach().to("cpu").clone())
+    """A host snapshot: a device tensor's copy is already new memory, so only host tensors are cloned."""
+    return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type != "cpu" else t.detach().clone())
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -69,5 +70,8 @@ def save(path: Path, obj: Any) -> None:
     torch.save(plain(to_cpu(obj)), path)
 
 
-def load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load(path: Path, device: str = "cpu") -> Any:
+    """Memory-mapped (a GB-sized trial costs page-cache reads, not a parse), then moved to ``device``.
+    Host tensors stay private copy-on-write mappings: writing to them never reaches the file."""
+    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return loaded if device == "cpu" else to_device(loaded, device)

@@ -64,10 +64,18 @@ def platform_commands(settings: Settings, services: tuple[str, ...] = SERVICE_NA
         queues = ",".join(service_queues(service, settings.gpu_devices))
         processes.append(ManagedProcess(f"{service}-worker", [
             sys.executable, "-m", "celery", "-A", f"{package}.worker", "worker",
-            "-Q", queues, "-c", "1", "-n", f"{service}@%h", "--loglevel", "INFO",
+            "-Q", queues, *worker_pool_args(service, settings), "-n", f"{service}@%h", "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]))
     return processes
+
+
+def worker_pool_args(service: str, settings: Settings) -> list[str]:
+    """One process per worker; a GPU reward worker runs several groups in threads that share its
+    warm children (Celery's prefork would give each process its own pool and its own CUDA context)."""
+    if service == "reward" and settings.gpu_devices:
+        return ["--pool", "threads", "-c", str(settings.reward_gpu_concurrency)]
+    return ["-c", "1"]
 
 
 def local_redis_command(settings: Settings) -> ManagedProcess:

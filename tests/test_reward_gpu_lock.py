@@ -1,0 +1,54 @@
+"""The device lock across processes: correctness work shares it, timing excludes everything else."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from reward_svc.harness.loading import gpu_lock
+
+
+@contextmanager
+def child_holding(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Another process holding the lock as a child does (until it exits)."""
+    code = ("import sys; from reward_svc.harness.loading import hold_gpu_lock; "
+            f"hold_gpu_lock({str(path)!r}, exclusive={exclusive}); print('held', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        yield
+    finally:
+        child.kill()
+        child.wait()
+
+
+def can_take(path: Path, mode: int) -> bool:
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def test_correctness_work_shares_the_device(tmp_path: Path) -> None:
+    lock = tmp_path / "gpu.lock"
+    with child_holding(lock, exclusive=False):
+        assert can_take(lock, fcntl.LOCK_SH)
+        with gpu_lock(str(lock)):  # the judge: returns at once beside a child's trials
+            assert not can_take(lock, fcntl.LOCK_EX)  # but nobody may start timing meanwhile
+    assert can_take(lock, fcntl.LOCK_EX)
+
+
+@pytest.mark.parametrize("mode", [fcntl.LOCK_SH, fcntl.LOCK_EX])
+def test_timing_excludes_every_other_holder(tmp_path: Path, mode: int) -> None:
+    lock = tmp_path / "gpu.lock"
+    with child_holding(lock, exclusive=True):
+        assert not can_take(lock, mode)
+    assert can_take(lock, mode)  # released when the child exits
