@@ -16,9 +16,9 @@ from reward_svc.harness.loading import gpu_lock
 
 @contextmanager
 def child_holding(path: Path, *, exclusive: bool) -> Iterator[None]:
-    """Another process holding the lock as a child does (until it exits)."""
-    code = ("import sys; from reward_svc.harness.loading import hold_gpu_lock; "
-            f"hold_gpu_lock({str(path)!r}, exclusive={exclusive}); print('held', flush=True); sys.stdin.read()")
+    """Another process holding the lock, as a child does around its GPU work."""
+    code = ("import sys; from reward_svc.harness.loading import gpu_lock; "
+            f"held = gpu_lock({str(path)!r}, exclusive={exclusive}); held.__enter__(); print('held', flush=True); sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"

@@ -22,7 +22,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
-from reward_svc.harness.loading import Phases, hold_gpu_lock, import_file
+from reward_svc.harness.loading import Phases, gpu_lock, import_file
 from reward_svc.harness.reference import build_model
 
 COMPILE_ONLY_MARK = "compiled only"
@@ -104,11 +104,10 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
 
     models: dict[int, torch.nn.Module] = {}
     case_args: list[Any] = []
-    phases.lap("import")
-    hold_gpu_lock(spec.get("gpu_lock"))  # load_inline compiled above, outside the lock; Triton compiles on first launch, shared
-    phases.lap("lock_wait")
+    phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at first launch, shared
     try:
-        with torch.no_grad():
+        with torch.no_grad(), gpu_lock(spec.get("gpu_lock")):
+            phases.lap("lock_wait")
             for case in range(spec["trials"]):
                 out, args = _run_case(module, models, spec, exchange, case, counter, observations, baseline_threads)
                 outputs[f"output_{case}"] = out
@@ -131,11 +130,10 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
         from reward_svc.harness.timing import time_gpu
 
         model = models[spec["weight_seeds"][0]]
-        args = _case_inputs(spec, exchange, 0)
-        hold_gpu_lock(spec.get("gpu_lock"), exclusive=True)
-        phases.lap("lock_wait")
         try:
-            with torch.no_grad():
+            with torch.no_grad(), gpu_lock(spec.get("gpu_lock"), exclusive=True):
+                phases.lap("lock_wait")
+                args = _case_inputs(spec, exchange, 0)  # a host-to-device copy too: not while another job times
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs

@@ -53,21 +53,19 @@ def main() -> None:
         (workdir / "result.json").write_text(json.dumps({"status": "ok"}))
         os._exit(0)
     from reward_svc.harness import tensors
-    from reward_svc.harness.loading import release_gpu_lock
 
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference
 
-        result, outputs = run_reference(spec, workdir)
+        result, outputs = run_reference(spec, workdir), {}
     else:
         from reward_svc.harness.candidate import run_candidate
 
         result, outputs = run_candidate(spec, workdir)
-    if device == "cuda":  # the outputs are on the host now: give the device memory back before the lock
+    if device == "cuda":  # the outputs are on the host now: the device memory can go back while they are written
         import torch
 
         torch.cuda.empty_cache()
-    release_gpu_lock()  # every GPU call is done: writing the files need not hold up another job's timing
     for name, value in outputs.items():
         tensors.save(workdir / f"{name}.pt", value)
     (workdir / "result.json").write_text(json.dumps(result))

@@ -9,7 +9,6 @@ import sys
 import time
 import types
 from collections.abc import Iterator
-from typing import TextIO
 from pathlib import Path
 
 
@@ -23,19 +22,18 @@ def import_file(path: Path, module_name: str) -> types.ModuleType:
     return module
 
 
-# The device lock is a reader-writer flock: correctness work (reference and candidate trials, the
-# judge) holds it shared and overlaps; timing holds it exclusive, so nothing else runs on the GPU
-# while a kernel is timed.
-_held: list[TextIO] = []
-
-
-def hold_gpu_lock(path: str | None, *, exclusive: bool = False) -> None:
-    """Take (or convert) this process's hold on the device lock, until released or the process exits."""
+@contextlib.contextmanager
+def gpu_lock(path: str | None, *, exclusive: bool = False) -> Iterator[None]:
+    """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
+    (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
+    timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
+    (making inputs, writing files) runs outside it."""
     if not path:
+        yield
         return
-    if not _held:
-        _held.append(open(path, "a"))  # noqa: SIM115 (held for the life of the process)
-    fcntl.flock(_held[0], fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
 
 
 class Phases:
@@ -51,19 +49,3 @@ class Phases:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._mark, 3)
         self._mark = now
 
-
-def release_gpu_lock() -> None:
-    """Give the device back once the GPU work is done (a child then only writes its files)."""
-    while _held:
-        _held.pop().close()
-
-
-@contextlib.contextmanager
-def gpu_lock(path: str | None) -> Iterator[None]:
-    """A shared hold for one block: the worker's judge compares on the GPU, never during a timing."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH)
-        yield

@@ -3,7 +3,8 @@
 Inputs come from a per-request secret seed that only this process sees; weights come from
 per-trial weight seeds that the candidate's process reuses, so ``Model`` and ``ModelNew`` hold the
 same parameters. Inputs go to the exchange directory (the candidate gets a copy); the expected
-outputs stay in this child's work directory, read only by the judge.
+outputs stay in this child's work directory, read only by the judge. Only the model's GPU work
+holds the device lock; making inputs and writing files do not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import OpRecorder
-from reward_svc.harness.loading import Phases, hold_gpu_lock, import_file
+from reward_svc.harness.loading import Phases, gpu_lock, import_file
 
 
 def build_model(module: Any, cls_name: str, weight_seed: int, device: str, init_inputs: list[Any]) -> torch.nn.Module:
@@ -31,41 +32,42 @@ def make_init_inputs(module: Any, weight_seed: int) -> list[Any]:
     return list(module.get_init_inputs()) if hasattr(module, "get_init_inputs") else []
 
 
-def run_reference(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (result, files to save): ``exchange/`` files are the inputs the candidate gets, the
-    rest are expected outputs. The caller saves them once the GPU is released."""
-    device = spec["device"]
+def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    device, lock = spec["device"], spec.get("gpu_lock")
     phases = Phases()
     module = import_file(Path(spec["reference_path"]), "kz_reference")
     for name in ("Model", "get_inputs"):
         if not hasattr(module, name):
-            return {"status": "invalid_reference", "reason": f"the reference defines no {name}"}, {}
-    (workdir / "exchange").mkdir(exist_ok=True)
+            return {"status": "invalid_reference", "reason": f"the reference defines no {name}"}
+    exchange = workdir / "exchange"
+    exchange.mkdir(exist_ok=True)
     if device == "cuda":  # GB-sized random inputs on the children's one CPU thread would take seconds per trial
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) // 2)))
     phases.lap("import")
-    hold_gpu_lock(spec.get("gpu_lock"))
-    phases.lap("lock_wait")
     n_cases = spec["trials"] + 1  # the last case feeds the knockout trial
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
     outputs_meta = []
-    files: dict[str, Any] = {}
     with torch.no_grad():
-        for case in range(n_cases):
+        for case in range(n_cases):  # one case at a time: a KernelBench level-1 case alone is GBs
             weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
             init_inputs = make_init_inputs(module, weight_seed)
-            if weight_seed not in models:
-                models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
             torch.manual_seed(spec["input_seed"] + case)
             inputs = list(module.get_inputs())
-            files[f"exchange/init_{case}"] = tensors.to_cpu(init_inputs)
-            files[f"exchange/inputs_{case}"] = tensors.to_cpu(inputs)
-            with recorder if case == 0 else contextlib.nullcontext():
-                output = models[weight_seed](*tensors.to_device(inputs, device))
-            files[f"expected_{case}"] = tensors.to_cpu(output)
-            outputs_meta.append(_describe(output))
-    phases.lap("trials")
+            tensors.save(exchange / f"init_{case}.pt", init_inputs)
+            tensors.save(exchange / f"inputs_{case}.pt", inputs)
+            phases.lap("inputs")
+            with gpu_lock(lock):
+                phases.lap("lock_wait")
+                if weight_seed not in models:
+                    models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
+                with recorder if case == 0 else contextlib.nullcontext():
+                    output = models[weight_seed](*tensors.to_device(inputs, device))
+                expected = tensors.to_cpu(output)
+                phases.lap("trials")
+            tensors.save(workdir / f"expected_{case}.pt", expected)
+            outputs_meta.append(_describe(expected))
+            phases.lap("outputs")
     result: dict[str, Any] = {
         "status": "ok",
         "cases": n_cases,
@@ -75,24 +77,29 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
         "phases": phases.seconds,
     }
     if spec.get("time") and device == "cuda":
-        from reward_svc.harness.timing import time_gpu
+        result.update(_time_reference(models[spec["weight_seeds"][0]], tensors.load(exchange / "inputs_0.pt", device), spec, phases))
+    return result
 
-        model = models[spec["weight_seeds"][0]]
-        inputs = tensors.to_device(files["exchange/inputs_0"], device)
-        budget_s = spec.get("timing_budget_s", 10.0)
-        with torch.no_grad():
-            compiled = None
-            if spec.get("time_compiled"):
+
+def _time_reference(model: torch.nn.Module, inputs: list[Any], spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    from reward_svc.harness.timing import time_gpu
+
+    lock, budget_s = spec.get("gpu_lock"), spec.get("timing_budget_s", 10.0)
+    timings: dict[str, Any] = {}
+    with torch.no_grad():
+        compiled = None
+        if spec.get("time_compiled"):
+            with gpu_lock(lock):  # compiling takes seconds: shared, not exclusive
                 compiled = torch.compile(model)
-                compiled(*inputs)  # compiling takes seconds: under the shared hold, not the exclusive one
-                phases.lap("compile")
-            hold_gpu_lock(spec.get("gpu_lock"), exclusive=True)
+                compiled(*inputs)
+            phases.lap("compile")
+        with gpu_lock(lock, exclusive=True):
             phases.lap("lock_wait")
-            result["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
+            timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
             if compiled is not None:
-                result["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
+                timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
             phases.lap("timing")
-    return result, files
+    return timings
 
 
 def _describe(output: Any) -> dict[str, Any]:
