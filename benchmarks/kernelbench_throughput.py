@@ -148,7 +148,8 @@ def run_ours(work: list[tuple[str, str, str]], partial: Path, concurrency: int) 
         t0 = time.perf_counter()
         verdict = evaluator.evaluate_group(reference, [candidate], options).verdicts[0]
         return {"problem": name, "wall_s": round(time.perf_counter() - t0, 3), "status": verdict.status, "correct": verdict.correct,
-                "speedup": verdict.speedup, "reason": verdict.reason[:200], "seconds": verdict.details.get("seconds")}
+                "speedup": verdict.speedup, "reason": verdict.reason[:200], "seconds": verdict.details.get("seconds"),
+                "phases": verdict.details.get("phases")}
 
     started = time.perf_counter()
     try:

@@ -63,10 +63,11 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if knockout.exists():
-        ok, _, _ = compare(tensors.load(knockout, device), tensors.load(ref_dir / f"expected_{trials}.pt", device), tolerance)
+        ok, _, _ = compare(tensors.load(knockout, device), tensors.load(ref_dir / "expected_0.pt", device), tolerance)
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
-                           "so they do not compute it (PyTorch does)", guard="decoy_kernel", max_abs_error=_finite(max_error))
+                           "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
+                           guard="decoy_kernel", max_abs_error=_finite(max_error))
 
     verdict = Verdict("correct", f"matches the reference on {trials} trials (max abs error {max_error:.3g})", max_abs_error=_finite(max_error),
                       details={"observations": observations})

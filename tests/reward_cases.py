@@ -53,6 +53,12 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "cache_by_address": (candidate(
         "key = x.data_ptr()\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nlaunch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
         extra="CACHE = {}"), "cross_call_cache"),
+    # Keyed on the values: the refresh trial (same values, other tensors) hits the cache and is right;
+    # the knockout replays case 0, so the remembered output shows through the poisoned kernels.
+    "cache_by_content": (candidate(
+        "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
+        "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
+        extra="CACHE = {}"), "decoy_kernel"),
     "mutates_input": (candidate("return launch_relu(x, x)"), "input_mutation"),
     "patches_timer_statically": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import time\ntime.perf_counter = lambda: 0.0"),
                                  "forbidden_import"),

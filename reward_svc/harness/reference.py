@@ -44,7 +44,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     if device == "cuda":  # GB-sized random inputs on the children's one CPU thread would take seconds per trial
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) // 2)))
     phases.lap("import")
-    n_cases = spec["trials"] + 1  # the last case feeds the knockout trial
+    n_cases = spec["trials"]  # the candidate's refresh and knockout trials reuse case 0
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
     outputs_meta = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +69,25 @@ def plain(obj: Any) -> Any:
 
 
 def save(path: Path, obj: Any) -> None:
-    torch.save(plain(to_cpu(obj)), path)
+    """Host tensors are written as they are (no snapshot copy: the caller's object is final), views
+    compacted (torch.save writes a view's whole storage), and without the zip records' CRC-32."""
+    on_host = map_tensors(obj, lambda t: _compact(t.detach().cpu()))
+    with _no_checksums():
+        torch.save(plain(on_host), path)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+
+@contextlib.contextmanager
+def _no_checksums() -> Iterator[None]:
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(previous)
 
 
 def load(path: Path, device: str = "cpu") -> Any:
