@@ -133,7 +133,7 @@ class Evaluator:
 
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
-        from reward_svc.verify import judge
+        from reward_svc.verify import FileComparer, judge
 
         child = self.pool(device, options.timeout_s).take()
         try:
@@ -153,9 +153,9 @@ class Evaluator:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
             started = time.perf_counter()
-            with gpu_lock(self._gpu_lock(device)):
-                verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, tolerance, device)
-                _release_device_memory(device)
+            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self._gpu_lock(device)))
+            verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, compare_files)
+            _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
             verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}
             if cached is None and build.exists() and verdict.status != "compile_error":

@@ -8,7 +8,10 @@ result reach the output, did it tamper), then to correctness on every trial.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +39,24 @@ class Tolerance:
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
+@dataclass(frozen=True)
+class FileComparer:
+    """Compares an output file with its expected file where the judge runs. On a GPU the files are
+    read into host memory first; only the copy to the device and the arithmetic hold ``lock``."""
+
+    tolerance: Tolerance
+    device: str = "cpu"
+    lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+
+    def __call__(self, output: Path, expected: Path) -> tuple[bool, str, float]:
+        mapped = self.device == "cpu"
+        out, ref = tensors.load(output, mmap=mapped), tensors.load(expected, mmap=mapped)
+        with self.lock():
+            return compare(tensors.to_device(out, self.device), tensors.to_device(ref, self.device), self.tolerance)
+
+
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
-          trials: int, tolerance: Tolerance, device: str = "cpu") -> Verdict:
+          trials: int, compare_files: FileComparer) -> Verdict:
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
     if status != "ok":
@@ -50,20 +69,20 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
 
     max_error = 0.0
     for case in range(trials):
-        ok, why, error = compare(tensors.load(cand_dir / f"output_{case}.pt", device), tensors.load(ref_dir / f"expected_{case}.pt", device), tolerance)
+        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt")
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     refresh = cand_dir / "output_refresh.pt"
     if refresh.exists():
-        ok, why, _ = compare(tensors.load(refresh, device), tensors.load(ref_dir / "expected_0.pt", device), tolerance)
+        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt")
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if knockout.exists():
-        ok, _, _ = compare(tensors.load(knockout, device), tensors.load(ref_dir / "expected_0.pt", device), tolerance)
+        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt")
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",

@@ -52,3 +52,18 @@ def test_timing_excludes_every_other_holder(tmp_path: Path, mode: int) -> None:
     with child_holding(lock, exclusive=True):
         assert not can_take(lock, mode)
     assert can_take(lock, mode)  # released when the child exits
+
+
+def test_phases_charge_the_wait_and_the_work_separately(tmp_path: Path) -> None:
+    import time
+
+    from reward_svc.harness.loading import Phases
+
+    phases = Phases()
+    time.sleep(0.05)  # host work before the block
+    with phases.on_device(str(tmp_path / "gpu.lock"), "trials"):
+        time.sleep(0.1)
+    with phases.on_device(str(tmp_path / "gpu.lock"), "trials", exclusive=True):
+        time.sleep(0.1)
+    assert set(phases.seconds) == {"host", "lock_wait", "trials"}
+    assert phases.seconds["host"] >= 0.05 and phases.seconds["trials"] >= 0.2 and phases.seconds["lock_wait"] < 0.05

@@ -22,7 +22,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
-from reward_svc.harness.loading import Phases, gpu_lock, import_file
+from reward_svc.harness.loading import Phases, import_file
 from reward_svc.harness.reference import build_model
 
 COMPILE_ONLY_MARK = "compiled only"
@@ -104,17 +104,20 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
 
     models: dict[int, torch.nn.Module] = {}
     case_args: list[Any] = []
-    phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at first launch, shared
-    try:
-        with torch.no_grad(), gpu_lock(spec.get("gpu_lock")):
-            phases.lap("lock_wait")
+    phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
+    lock = spec.get("gpu_lock")
+    try:  # the device is held one call at a time: a timing waiting for it waits for one call, not all
+        with torch.no_grad():
             for case in range(spec["trials"]):
-                out, args = _run_case(module, models, spec, exchange, case, counter, observations, baseline_threads)
+                with phases.on_device(lock, "trials"):
+                    out, args = _run_case(module, models, spec, exchange, case, counter, observations, baseline_threads)
                 outputs[f"output_{case}"] = out
                 case_args.append(args)
-            outputs["output_refresh"] = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
+            with phases.on_device(lock, "trials"):
+                outputs["output_refresh"] = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
             if counter.total:
-                outputs["output_knockout"] = _knockout_trial(module, models, spec, exchange, counter)
+                with phases.on_device(lock, "trials"):
+                    outputs["output_knockout"] = _knockout_trial(module, models, spec, exchange, counter)
     except Rejection as rejection:
         return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}, outputs
     except Exception as exc:
@@ -123,7 +126,6 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
                     "observations": _finish_observations(observations, counter, snapshot)}, {}
         return {**_failure(exc, "while running ModelNew"), "observations": observations}, outputs
 
-    phases.lap("trials")
     observations = _finish_observations(observations, counter, snapshot)
     result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds}
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
@@ -131,13 +133,11 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
 
         model = models[spec["weight_seeds"][0]]
         try:
-            with torch.no_grad(), gpu_lock(spec.get("gpu_lock"), exclusive=True):
-                phases.lap("lock_wait")
+            with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
                 args = _case_inputs(spec, exchange, 0)  # a host-to-device copy too: not while another job times
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs
-        phases.lap("timing")
         result["observations"]["replaced_functions"] = snapshot.replaced()
     return result, outputs
 

@@ -49,3 +49,12 @@ class Phases:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._mark, 3)
         self._mark = now
 
+    @contextlib.contextmanager
+    def on_device(self, lock: str | None, work: str, *, exclusive: bool = False) -> Iterator[None]:
+        """A block of GPU work under the device lock, charged to ``work``; the wait to ``lock_wait``
+        and anything since the last lap to ``host``."""
+        self.lap("host")
+        with gpu_lock(lock, exclusive=exclusive):
+            self.lap("lock_wait")
+            yield
+            self.lap(work)

@@ -18,7 +18,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import OpRecorder
-from reward_svc.harness.loading import Phases, gpu_lock, import_file
+from reward_svc.harness.loading import Phases, import_file
 
 
 def build_model(module: Any, cls_name: str, weight_seed: int, device: str, init_inputs: list[Any]) -> torch.nn.Module:
@@ -57,14 +57,12 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             tensors.save(exchange / f"init_{case}.pt", init_inputs)
             tensors.save(exchange / f"inputs_{case}.pt", inputs)
             phases.lap("inputs")
-            with gpu_lock(lock):
-                phases.lap("lock_wait")
+            with phases.on_device(lock, "trials"):
                 if weight_seed not in models:
                     models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
                 with recorder if case == 0 else contextlib.nullcontext():
                     output = models[weight_seed](*tensors.to_device(inputs, device))
                 expected = tensors.to_cpu(output)
-                phases.lap("trials")
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             phases.lap("outputs")
@@ -89,16 +87,13 @@ def _time_reference(model: torch.nn.Module, inputs: list[Any], spec: dict[str, A
     with torch.no_grad():
         compiled = None
         if spec.get("time_compiled"):
-            with gpu_lock(lock):  # compiling takes seconds: shared, not exclusive
+            with phases.on_device(lock, "compile"):  # compiling takes seconds: shared, not exclusive
                 compiled = torch.compile(model)
                 compiled(*inputs)
-            phases.lap("compile")
-        with gpu_lock(lock, exclusive=True):
-            phases.lap("lock_wait")
+        with phases.on_device(lock, "timing", exclusive=True):
             timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
             if compiled is not None:
                 timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
-            phases.lap("timing")
     return timings
 
 

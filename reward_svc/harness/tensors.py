@@ -90,8 +90,8 @@ def _no_checksums() -> Iterator[None]:
         torch.serialization.set_crc32_options(previous)
 
 
-def load(path: Path, device: str = "cpu") -> Any:
-    """Memory-mapped (a GB-sized trial costs page-cache reads, not a parse), then moved to ``device``.
-    Host tensors stay private copy-on-write mappings: writing to them never reaches the file."""
-    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
+    """Memory-mapped by default (pages are read when touched; host tensors stay private
+    copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``."""
+    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     return loaded if device == "cpu" else to_device(loaded, device)
