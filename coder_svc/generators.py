@@ -94,7 +94,7 @@ def build_generator(kind: GeneratorKind | None = None, settings: Settings | None
     if kind == "template":
         from coder_svc.template import TemplateGenerator
 
-        return TemplateGenerator()
+        return TemplateGenerator(settings)
     if kind in ("openai", "hf"):
         return LLMKernelGenerator(build_chat_model(kind, settings), settings)
     raise ValueError(f"unknown model backend {kind!r}; expected template, openai or hf")

@@ -32,6 +32,7 @@ from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
 
 
 REWARD_CHILD = "reward_svc.harness.child"
+MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result (it would be read into the worker)
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,13 @@ class Child:
     process: SandboxProcess
     workdir: Path
 
-    def run(self, spec: dict[str, Any]) -> tuple[SandboxResult, dict[str, Any] | None]:
+    def run(self, spec: dict[str, Any], max_result_bytes: int = MAX_RESULT_BYTES) -> tuple[SandboxResult, dict[str, Any] | None]:
         outcome = self.process.run((json.dumps(spec) + "\n").encode())
-        try:  # written by a process that ran untrusted code: anything but a JSON object is no result
-            result = json.loads((self.workdir / "result.json").read_text())
+        path = self.workdir / "result.json"
+        try:  # written by a process that ran untrusted code: anything but a small JSON object is no result
+            if path.stat().st_size > max_result_bytes:
+                return outcome, None
+            result = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError):
             return outcome, None
         return outcome, result if isinstance(result, dict) else None

@@ -142,3 +142,16 @@ def test_the_trace_childs_graph_cannot_smuggle_code_into_the_kernel() -> None:
                 graph("x", name="lambda"), graph("x", kwargs={"if": 1}), graph("x", name="x")):
         with pytest.raises(ValidationError):
             Graph.model_validate(bad)
+
+
+def test_an_oversized_graph_is_declined_with_its_reason(evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace child's answer is read into the service only below a size cap."""
+    import coder_svc.template.trace as trace
+
+    monkeypatch.setattr(trace, "MAX_GRAPH_BYTES", 64)
+    tracer = trace.Tracer(evaluator.settings, warm=0)
+    try:
+        with pytest.raises(trace.TraceError, match="too large"):
+            tracer.trace(CORRECT_CASES["pointwise"])
+    finally:
+        tracer.close()

@@ -13,7 +13,7 @@ from typing import Any
 from coder_svc.models.base import KernelBackend, KernelDraft, Sampling
 from coder_svc.template.codegen import VERSION, Unsupported, generate_source
 from coder_svc.template.fusion import Plan, plan
-from coder_svc.template.trace import TraceError, trace_module
+from coder_svc.template.trace import TraceError, Tracer
 from reward_svc.policy import check_source
 from services.config import Settings
 
@@ -23,7 +23,7 @@ class TemplateGenerator:
     thread_safe = True  # stateless: each trace runs in its own sandboxed child
 
     def __init__(self, settings: Settings | None = None) -> None:
-        self.settings = settings
+        self.tracer = Tracer(settings)
 
     def generate(self, module_source: str, backend: KernelBackend, sampling: Sampling) -> list[KernelDraft]:
         if sampling.n < 1:
@@ -34,7 +34,7 @@ class TemplateGenerator:
         if backend != "triton":
             return self._declined(f"the template generator writes Triton only, not {backend}")
         try:
-            graph = trace_module(module_source, self.settings)
+            graph = self.tracer.trace(module_source)
         except TraceError as exc:
             return self._declined(f"trace failed: {exc}")
         try:

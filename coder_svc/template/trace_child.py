@@ -1,9 +1,10 @@
 """The trace child: builds the untrusted module, traces it with torch.fx, prints the op graph.
 
-Runs only inside the sandbox (``python -m coder_svc.template.trace_child`` with the module source
-on stdin); the parent never executes the module. Parameters and inputs are built on the 'meta'
+Runs only inside the sandbox, as a warm child of a ``ChildPool`` (``python -m
+coder_svc.template.trace_child WORKDIR DEVICE``, the module source in its one job); the parent
+never executes the module. Parameters and inputs are built on the 'meta'
 device where the module allows it, so huge KernelBench shapes cost no memory; shapes come from
-fx's ShapeProp. Prints one JSON object: ``{"graph": ...}`` or ``{"error": reason}``.
+fx's ShapeProp. Answers one JSON object: ``{"graph": ...}`` or ``{"error": reason}``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import operator
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 CONSTANT_TYPES = (bool, int, float, str, type(None))
@@ -126,15 +128,21 @@ def trace(source: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    source = sys.stdin.read()
-    real_stdout = os.dup(1)
-    os.dup2(2, 1)  # whatever the module prints goes to stderr; stdout carries only the graph
+    """Pool protocol (reward_svc/sandbox.py): warm up, mark ready, take one job from stdin, answer
+    in ``result.json``."""
+    workdir = Path(sys.argv[1])
+    import torch.fx  # noqa: F401  (the import is most of a child's start-up: paid before the job arrives)
+    from torch.fx.passes.shape_prop import ShapeProp  # noqa: F401
+
+    (workdir / "ready").touch()
+    print("ready", flush=True)
+    spec = json.loads(sys.stdin.readline())
+    os.dup2(2, 1)  # whatever the module prints goes to stderr
     try:
-        result = trace(source)
+        result = trace(spec["source"])
     except BaseException as exc:  # noqa: BLE001 (the module's own failure is the answer)
         result = {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
-    with os.fdopen(real_stdout, "wb") as out:
-        out.write(json.dumps(result).encode())
+    (workdir / "result.json").write_text(json.dumps(result))
     os._exit(0)  # no finalizers of the module's objects run after the answer
 
 
