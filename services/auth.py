@@ -1,4 +1,5 @@
-"""API keys: random tokens shown once, stored as SHA-256 hashes, revocable."""
+"""API keys: random tokens shown once, stored as SHA-256 hashes, revocable; admin keys may also
+change what the platform serves (``require_admin_key``)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
 
 
-def create_api_key(name: str) -> tuple[ApiKey, str]:
+def create_api_key(name: str, *, admin: bool = False) -> tuple[ApiKey, str]:
     """Create a key; the plaintext is returned once and never stored."""
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     with session_scope() as session:
-        key = ApiKey(name=name, prefix=plaintext[:10], key_hash=hash_key(plaintext))
+        key = ApiKey(name=name, prefix=plaintext[:10], key_hash=hash_key(plaintext), admin=admin)
         session.add(key)
     return key, plaintext
 
@@ -47,10 +48,25 @@ def revoke_api_key(key_id_or_prefix: str) -> ApiKey | None:
         return key
 
 
-def is_valid_key(plaintext: str) -> bool:
+def active_key(plaintext: str) -> ApiKey | None:
+    """The key this plaintext names, unless it is unknown or revoked."""
     with session_scope() as session:
         key = session.scalars(select(ApiKey).where(ApiKey.key_hash == hash_key(plaintext))).first()
-        return key is not None and key.revoked_at is None
+        return key if key is not None and key.revoked_at is None else None
+
+
+def is_valid_key(plaintext: str) -> bool:
+    return active_key(plaintext) is not None
+
+
+def _presented_key(bearer: HTTPAuthorizationCredentials | None, header_key: str | None) -> ApiKey:
+    presented = (bearer.credentials if bearer else None) or header_key
+    if not presented:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'")
+    key = active_key(presented)
+    if key is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key")
+    return key
 
 
 def require_api_key(
@@ -58,10 +74,14 @@ def require_api_key(
     header_key: str | None = Depends(_header),
 ) -> None:
     """FastAPI dependency: a valid key in ``Authorization: Bearer`` or ``X-API-Key``."""
-    if not get_settings().auth_enabled:
-        return
-    presented = (bearer.credentials if bearer else None) or header_key
-    if not presented:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'")
-    if not is_valid_key(presented):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key")
+    if get_settings().auth_enabled:
+        _presented_key(bearer, header_key)
+
+
+def require_admin_key(
+    bearer: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    header_key: str | None = Depends(_header),
+) -> None:
+    """FastAPI dependency: a valid key that is also an admin key."""
+    if get_settings().auth_enabled and not _presented_key(bearer, header_key).admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this route needs an admin API key (kernelzero apikey create NAME --admin)")

@@ -85,6 +85,23 @@ def test_api_keys_gate_v1_routes(platform_env: Callable[..., Settings]) -> None:
     assert client.get("/v1/jobs/no-such-job", headers={"X-API-Key": valid}).status_code == 404
 
 
+def test_switching_the_serving_model_needs_an_admin_key(platform_env: Callable[..., Settings]) -> None:
+    platform_env(auth_enabled=True)
+    from coder_svc.api import app as coder_app
+
+    _, plain = auth.create_api_key("ci")
+    _, admin = auth.create_api_key("operator", admin=True)
+    client = TestClient(coder_app)
+    switch = {"name": "kernel-coder", "adapter_path": None}
+    assert client.get("/v1/admin/model", headers={"X-API-Key": plain}).status_code == 200  # reading is for every key
+    refused = client.post("/v1/admin/model", json=switch, headers={"X-API-Key": plain})
+    assert refused.status_code == 403 and "admin API key" in refused.json()["detail"]
+    assert client.post("/v1/admin/model", json=switch, headers={"X-API-Key": "kz_unknown"}).status_code == 401
+    accepted = client.post("/v1/admin/model", json=switch, headers={"X-API-Key": admin})
+    assert accepted.status_code == 200, accepted.text
+    assert accepted.json()["name"] == "kernel-coder"
+
+
 def test_keys_are_stored_hashed_and_listed(platform_env: Callable[..., Settings]) -> None:
     key, plaintext = auth.create_api_key("ci")
     stored = {k.id: k for k in auth.list_api_keys()}[key.id]
@@ -117,3 +134,17 @@ def test_probe_rejects_bad_input_with_reasons(platform_env: Callable[..., Settin
     response = TestClient(service_app()).post("/v1/probe", json=body)
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"][:2] == ["body", "token" if not body else "sleep_s"]
+
+
+def test_apikey_cli_creates_admin_keys_on_request(platform_env: Callable[..., Settings]) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli.main import app
+
+    runner = CliRunner()
+    plain, admin = (runner.invoke(app, ["apikey", "create", name, *flags]) for name, flags in (("ci", []), ("ops", ["--admin"])))
+    assert plain.exit_code == 0 and admin.exit_code == 0, plain.output + admin.output
+    created = [auth.active_key(result.output.strip().splitlines()[-1]) for result in (plain, admin)]  # the key is the last line
+    assert [(key.name, key.admin) for key in created if key is not None] == [("ci", False), ("ops", True)]
+    listing = runner.invoke(app, ["apikey", "list"]).output
+    assert "admin" in listing and "yes" in listing

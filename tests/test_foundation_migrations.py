@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session
 
 from services.config import Settings
 from services.db import migrate
-from services.db.models import Base, Job
+from services.db.models import ApiKey, Base, Job
 from services.db.session import make_engine
 
 
@@ -60,3 +60,22 @@ def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Setting
     assert user_tables(database_url) == model_tables
     migrate.downgrade(database_url)
     assert user_tables(database_url) == set()
+
+
+def test_keys_made_before_admin_scopes_keep_their_access(database_url: str, kz_env: Callable[..., Settings]) -> None:
+    kz_env()
+    migrate.upgrade(database_url, "0002")
+    engine = make_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO api_keys (id, name, prefix, key_hash, created_at) "
+                              "VALUES ('old', 'ci', 'kz_old', :hash, CURRENT_TIMESTAMP)"), {"hash": "a" * 64})
+        migrate.upgrade(database_url)
+        with Session(engine) as session:
+            session.add(ApiKey(id="new", name="later", prefix="kz_new", key_hash="b" * 64))
+            session.commit()
+            admin = {key.id: key.admin for key in session.scalars(select(ApiKey))}
+        assert admin == {"old": True, "new": False}
+    finally:
+        engine.dispose()
+        migrate.downgrade(database_url)

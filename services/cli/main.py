@@ -83,7 +83,7 @@ def _ensure_local_key(path) -> None:  # type: ignore[no-untyped-def]
     if path.exists() and auth.is_valid_key(path.read_text().strip()):
         console.print(f"API key for this machine: {path}")
         return
-    _, plaintext = auth.create_api_key("local")
+    _, plaintext = auth.create_api_key("local", admin=True)  # the operator's own key
     path.write_text(plaintext)
     path.chmod(0o600)
     console.print(f"created an API key for this machine in {path} (send it as 'Authorization: Bearer <key>')")
@@ -131,11 +131,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON object o
 
 
 @apikey_app.command("create")
-def apikey_create(name: str = typer.Argument(..., help="Who or what the key is for.")) -> None:
+def apikey_create(
+    name: str = typer.Argument(..., help="Who or what the key is for."),
+    admin: bool = typer.Option(False, "--admin", help="May also switch the serving model (POST /v1/admin/model)."),
+) -> None:
     """Create a key; it is printed once and stored only as a hash."""
     migrate.upgrade()
-    key, plaintext = auth.create_api_key(name)
-    console.print(f"id {key.id}  prefix {key.prefix}")
+    key, plaintext = auth.create_api_key(name, admin=admin)
+    console.print(f"id {key.id}  prefix {key.prefix}{'  admin' if key.admin else ''}")
     print(plaintext)
 
 
@@ -143,10 +146,11 @@ def apikey_create(name: str = typer.Argument(..., help="Who or what the key is f
 def apikey_list() -> None:
     """All keys, revoked ones marked."""
     table = Table()
-    for column in ("id", "name", "prefix", "created", "revoked"):
+    for column in ("id", "name", "prefix", "admin", "created", "revoked"):
         table.add_column(column)
     for key in auth.list_api_keys():
-        table.add_row(key.id, key.name, key.prefix, str(key.created_at)[:19], str(key.revoked_at)[:19] if key.revoked_at else "")
+        table.add_row(key.id, key.name, key.prefix, "yes" if key.admin else "", str(key.created_at)[:19],
+                      str(key.revoked_at)[:19] if key.revoked_at else "")
     console.print(table)
 
 
