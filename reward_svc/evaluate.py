@@ -22,7 +22,7 @@ from services.sandbox import SandboxResult
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
-from reward_svc.sandbox import Child, ChildPool, Layout
+from reward_svc.sandbox import ChildPool, Layout
 from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]

@@ -75,11 +75,11 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "phases": phases.seconds,
     }
     if spec.get("time") and device == "cuda":
-        result.update(_time_reference(models[spec["weight_seeds"][0]], tensors.load(exchange / "inputs_0.pt", device), spec, phases))
+        result.update(_time_reference(models[spec["weight_seeds"][0]], exchange / "inputs_0.pt", spec, phases))
     return result
 
 
-def _time_reference(model: torch.nn.Module, inputs: list[Any], spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
+def _time_reference(model: torch.nn.Module, inputs_path: Path, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from reward_svc.harness.timing import time_gpu
 
     lock, budget_s = spec.get("gpu_lock"), spec.get("timing_budget_s", 10.0)
@@ -89,8 +89,9 @@ def _time_reference(model: torch.nn.Module, inputs: list[Any], spec: dict[str, A
         if spec.get("time_compiled"):
             with phases.on_device(lock, "compile"):  # compiling takes seconds: shared, not exclusive
                 compiled = torch.compile(model)
-                compiled(*inputs)
+                compiled(*tensors.load(inputs_path, "cuda"))
         with phases.on_device(lock, "timing", exclusive=True):
+            inputs = tensors.load(inputs_path, "cuda")  # a host-to-device copy too: not while another job times
             timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
             if compiled is not None:
                 timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
