@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Response
 
 from coder_svc import service
-from services.auth import require_api_key
+from services.auth import require_admin_key, require_api_key
 from services.queue.jobs import JobNotFound, wait_until_done
 from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
 
@@ -35,7 +35,7 @@ def read_serving_model() -> ServingModel:
     return service.serving_model()
 
 
-@router.post("/admin/model", response_model=ServingModel)
+@router.post("/admin/model", response_model=ServingModel, dependencies=[Depends(require_admin_key)])
 def switch_serving_model(switch: ModelSwitch) -> ServingModel:
-    """Switch the serving model or LoRA adapter; workers apply it at their next job, no restart."""
+    """Switch the serving model or LoRA adapter (admin key); workers apply it at their next job, no restart."""
     return service.switch_model(switch)
