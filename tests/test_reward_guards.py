@@ -94,3 +94,10 @@ def test_segfault_in_the_child_is_a_runtime_error(evaluator: Evaluator) -> None:
     source = wild + "\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return launch_relu(x, torch.empty_like(x))\n"
     verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], EvalOptions(device="cpu", timeout_s=60)).verdicts[0]
     assert verdict.status == "runtime_error", verdict.reason
+
+
+def test_inputs_whose_shape_changes_between_trials_are_not_mistaken_for_a_cache(evaluator: Evaluator) -> None:
+    """No refresh trial where the cases' shapes differ (it would compare against the wrong shape)."""
+    reference = RELU_REFERENCE.replace("torch.randn(4, 1024)", "torch.randn(int(torch.randint(2, 64, (1,))), 1024)")
+    verdict = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(backend="triton", device="cpu")).verdicts[0]
+    assert verdict.status == "correct", verdict.reason

@@ -114,7 +114,9 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
                 outputs[f"output_{case}"] = out
                 case_args.append(args)
             with phases.on_device(lock, "trials"):
-                outputs["output_refresh"] = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
+                refreshed = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
+            if refreshed is not None:  # None: the cases' inputs differ in shape, so there is no refresh trial
+                outputs["output_refresh"] = refreshed
             if counter.total:
                 with phases.on_device(lock, "trials"):
                     outputs["output_knockout"] = _knockout_trial(module, models, spec, exchange, counter)
