@@ -242,8 +242,10 @@ class Validator:
         self.device = resolve_device(self.options.device)
         timeout = self.options.timeout_s or self.settings.proposer_validation_timeout_s
         warm = self.settings.proposer_validation_warm_children if warm_children is None else warm_children
-        layout = Layout(self.settings.data_dir / "proposer" / "validation").create()
-        self.pool = ChildPool(self.settings, layout, self.device, timeout, warm, entry=CHILD_ENTRY)
+        # The reward service's device locks: validation runs never overlap a kernel being timed.
+        self.layout = Layout(self.settings.data_dir / "proposer" / "validation",
+                             shared_locks=Layout(self.settings.data_dir / "reward").locks).create()
+        self.pool = ChildPool(self.settings, self.layout, self.device, timeout, warm, entry=CHILD_ENTRY)
 
     def __enter__(self) -> Validator:
         return self
@@ -266,6 +268,7 @@ class Validator:
             "nondeterminism_rtol": o.nondeterminism_rtol, "timed_runs": o.timed_runs,
             "gpu_timing_budget_s": o.gpu_timing_budget_s,
             "input_seeds": list(o.input_seeds), "weight_seeds": list(o.weight_seeds),
+            "gpu_lock": self.layout.gpu_lock(self.device),
         }
 
     def dynamic(self, source: str, digest: str) -> ValidationResult:

@@ -25,7 +25,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import OpRecorder
-from reward_svc.harness.loading import import_file
+from reward_svc.harness.loading import gpu_lock, import_file
 from reward_svc.harness.reference import build_model, make_init_inputs
 
 
@@ -196,7 +196,8 @@ class Checker:
             raise Rejected("structure", f"Model is not a torch.nn.Module ({type(model).__name__})")
         return model
 
-    def run(self) -> None:
+    def run(self) -> tuple[torch.nn.Module, list[Any]]:
+        """Every check but the runtime bound; returns the model and inputs to time."""
         spec, d = self.spec, self.details
         module = _guarded_load(Path(spec["module_path"]))
         for name in ("Model", "get_inputs", "get_init_inputs"):
@@ -269,8 +270,7 @@ class Checker:
                 raise Rejected("parameters_unused", f"the output does not change when the {d['parameters']} parameters "
                                                     f"are re-initialised (change {change:.2e})")
             del other_model
-
-        self.time(model, base)
+        return model, base
 
     def time(self, model: torch.nn.Module, base: list[Any]) -> None:
         spec, d = self.spec, self.details
@@ -301,8 +301,12 @@ def _guarded_load(path: Path) -> Any:
 
 def check(spec: dict[str, Any]) -> dict[str, Any]:
     checker = Checker(spec)
-    try:
-        checker.run()
+    lock = spec.get("gpu_lock")
+    try:  # shared while checking, exclusive while timing: as the reward service's children do
+        with gpu_lock(lock):
+            model, base = checker.run()
+        with gpu_lock(lock, exclusive=True):
+            checker.time(model, base)
         result = {"valid": True, "rule": None, "reason": "passed every check"}
     except Exception as exc:  # a failure of the checks themselves (out of memory in them) is a verdict too
         rejection = exc if isinstance(exc, Rejected) else _failure(exc, "while checking its output")

@@ -100,7 +100,7 @@ class Evaluator:
             "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
             "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
             "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
-            "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
+            "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
         }
         started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)
@@ -128,9 +128,6 @@ class Evaluator:
         finally:
             ref_child.discard()
 
-    def _gpu_lock(self, device: str) -> str | None:
-        return str(self.layout.locks / "gpu.lock") if device == "cuda" else None
-
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         from reward_svc.verify import FileComparer, judge
@@ -144,7 +141,7 @@ class Evaluator:
                 "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
                 "device": device, "trials": options.trials, "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
                 "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
-                "timing_budget_s": options.timing_budget_s, "gpu_lock": self._gpu_lock(device),
+                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
             }
             started = time.perf_counter()
             outcome, result = child.run(spec)
@@ -153,7 +150,7 @@ class Evaluator:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
             started = time.perf_counter()
-            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self._gpu_lock(device)))
+            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)))
             verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, compare_files)
             _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}

@@ -38,6 +38,7 @@ MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result 
 @dataclass(frozen=True)
 class Layout:
     root: Path
+    shared_locks: Path | None = None  # another layout's locks/: the Proposer's children lock the reward service's GPUs
 
     @property
     def jobs(self) -> Path:
@@ -53,7 +54,11 @@ class Layout:
 
     @property
     def locks(self) -> Path:
-        return self.root / "locks"
+        return self.shared_locks or self.root / "locks"
+
+    def gpu_lock(self, device: str) -> str | None:
+        """The device lock file children take around GPU work (harness/loading.py); none on CPU."""
+        return str(self.locks / "gpu.lock") if device == "cuda" else None
 
     def create(self) -> Layout:
         for path in (self.jobs, self.exchange, self.cache, self.locks):

@@ -260,3 +260,14 @@ def test_cli_json_lines(kz_env: Callable[..., Settings], tmp_path: Path) -> None
     assert lines["good.py"]["valid"] is True and lines["good.py"]["details"]["runtime_ms"] > 0
     assert lines["renamed.py"]["valid"] is False and lines["renamed.py"]["rule"] == "duplicate"
     assert lines["nan.py"]["rule"] == "nan_inf" and "NaN" in lines["nan.py"]["reason"]
+
+
+def test_gpu_validation_takes_the_reward_services_device_lock(settings: Settings) -> None:
+    """On a GPU the validation children lock the same file as reward evaluations (shared while
+    checking, exclusive while timing), so a validation never runs beside a kernel being timed."""
+    reward_lock = settings.data_dir / "reward" / "locks" / "gpu.lock"
+    with Validator(ValidationOptions(device="cuda"), settings, warm_children=0) as on_gpu:
+        assert on_gpu.spec()["gpu_lock"] == str(reward_lock)
+        assert reward_lock.parent in on_gpu.pool.policy(settings.data_dir / "child").writable_dirs
+    with Validator(ValidationOptions(device="cpu"), settings, warm_children=0) as on_cpu:
+        assert on_cpu.spec()["gpu_lock"] is None
