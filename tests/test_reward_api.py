@@ -103,3 +103,29 @@ def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None
     assert outputs["decoy"]["status"] == "rejected" and outputs["decoy"]["guard"] == "decoy_kernel"
     for key in ("status", "correct", "reason", "reward", "speedup", "runtime_ms", "ref_runtime_ms", "max_abs_error"):
         assert key in outputs["decoy"]
+
+
+def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(platform_env: Callable[..., Settings], start_worker,  # type: ignore[no-untyped-def]
+                                                                  free_port) -> None:
+    """Configured for one GPU, the worker takes score.gpu0 with a threads pool sharing one evaluator.
+    Here the groups run on the CPU, which is enough to see two of them in flight at once."""
+    from services.db.models import Job
+
+    platform_env(auth_enabled="false", gpu_devices="[0]", reward_gpu_concurrency=2, reward_warm_children=2)
+    worker = start_worker("reward")
+    assert "--pool threads -c 2" in " ".join(worker.popen.args)  # type: ignore[arg-type]
+    body = {"reference": RELU_REFERENCE, "options": {"device": "cpu"}, "wait_s": 0}
+    with serve("reward_svc.api:app", free_port()) as url:
+        submitted = [httpx.post(f"{url}/v1/score", json={**body, "candidate": source}, timeout=30).json()["job_id"]
+                     for source in (CORRECT, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))]
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            jobs = [httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json() for job_id in submitted]
+            if all(job["status"] in ("succeeded", "failed") for job in jobs):
+                break
+            time.sleep(0.5)
+    assert [job["result"]["verdicts"][0]["status"] for job in jobs] == ["correct", "correct"], jobs
+    with session_scope() as session:
+        first, second = sorted((session.get(Job, job_id) for job_id in submitted), key=lambda j: j.started_at)
+        assert first.queue == second.queue == "score.gpu0"
+        assert second.started_at < first.finished_at, "the second group waited for the first"
