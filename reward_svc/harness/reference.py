@@ -3,14 +3,15 @@
 Inputs come from a per-request secret seed that only this process sees; weights come from
 per-trial weight seeds that the candidate's process reuses, so ``Model`` and ``ModelNew`` hold the
 same parameters. Inputs go to the exchange directory (the candidate gets a copy); the expected
-outputs stay in this child's work directory, read only by the judge. Only the model's GPU work
-holds the device lock; making inputs and writing files do not.
+outputs stay in this child's work directory, read only by the judge. Only GPU work (drawing the
+inputs there, running the model) holds the device lock; writing files does not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             return {"status": "invalid_reference", "reason": f"the reference defines no {name}"}
     exchange = workdir / "exchange"
     exchange.mkdir(exist_ok=True)
-    if device == "cuda":  # GB-sized random inputs on the children's one CPU thread would take seconds per trial
+    if device == "cuda":  # host-side inputs (init inputs, a host fallback) of GB size would take seconds on one thread
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) // 2)))
     phases.lap("import")
     n_cases = spec["trials"]  # the candidate's refresh and knockout trials reuse case 0
@@ -52,8 +53,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         for case in range(n_cases):  # one case at a time: a KernelBench level-1 case alone is GBs
             weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
             init_inputs = make_init_inputs(module, weight_seed)
-            torch.manual_seed(spec["input_seed"] + case)
-            inputs = list(module.get_inputs())
+            inputs = _make_inputs(module, spec["input_seed"] + case, device, phases, lock)
             tensors.save(exchange / f"init_{case}.pt", init_inputs)
             tensors.save(exchange / f"inputs_{case}.pt", inputs)
             phases.lap("inputs")
@@ -77,6 +77,21 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     if spec.get("time") and device == "cuda":
         result.update(_time_reference(models[spec["weight_seeds"][0]], exchange / "inputs_0.pt", spec, phases))
     return result
+
+
+def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: str | None) -> list[Any]:
+    """``get_inputs()`` under the secret seed. On a GPU its tensors are drawn there (a GB of random
+    numbers is milliseconds on the device, seconds on the host); a module whose inputs cannot be
+    made on the device (a host-only detour) gets them on the host."""
+    if device == "cuda":
+        with phases.on_device(lock, "inputs"), torch.device("cuda"):
+            torch.manual_seed(seed)
+            try:
+                return list(module.get_inputs())
+            except Exception as exc:  # noqa: BLE001 (the host path below reports the module's own errors)
+                print(f"kz: inputs made on the host: get_inputs() failed on the device: {exc!r}", file=sys.stderr)
+    torch.manual_seed(seed)
+    return list(module.get_inputs())
 
 
 def _time_reference(model: torch.nn.Module, inputs_path: Path, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
