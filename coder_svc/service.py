@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -11,14 +10,14 @@ from typing import Any
 
 import structlog
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 
 from coder_svc.best_of_n import RewardServiceScorer, best_of_n
 from coder_svc.models.base import KernelGenerator, Sampling
 from services.clients.reward import RewardClient
 from services.config import Settings, get_settings
-from services.db.models import Candidate, Job, ModelVersion, Score, Task
+from services.db.models import Candidate, Job, ModelVersion, Score
 from services.db.session import session_scope
+from services.db.tasks import ensure_task, source_sha256
 from services.queue.jobs import JobNotFound, get_job, submit_job
 from services.queue.names import GENERATION
 from services.schemas.coder import KernelRequest, KernelResponse, KernelResult, ModelBackend, ModelSwitch, SamplingIn, ServingModel
@@ -63,7 +62,7 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     kind: ModelBackend = request.model_backend or settings.coder_model_backend
     version = serving_version()  # read at the start of every job: an admin switch reaches the next job
     generator = generators.get(kind, version)
-    ensure_task(request.module)  # first, so the reward service files its candidates under this origin
+    ensure_task(request.module, TASK_ORIGIN)  # first, so the reward service files its candidates under this origin
     sampling = sampling_for(request.n, request.sampling, settings)
     options = ScoreOptions(backend=request.backend, **request.scoring.model_dump())
     with RewardClient() as client:
@@ -84,33 +83,13 @@ def sampling_for(n: int, requested: SamplingIn, settings: Settings) -> Sampling:
 
 # --- persistence ----------------------------------------------------------------------------
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def ensure_task(module: str) -> str:
-    """The module as a task (one row per source, whoever stored it first keeps its origin)."""
-    digest = _sha(module)
-    try:
-        with session_scope() as session:
-            task = session.scalars(select(Task).where(Task.source_hash == digest)).first()
-            if task is None:
-                task = Task(source=module, source_hash=digest, origin=TASK_ORIGIN, status="reference")
-                session.add(task)
-                session.flush()
-            return task.id
-    except IntegrityError:  # a concurrent job stored the same module first: use its row
-        with session_scope() as session:
-            return session.scalars(select(Task.id).where(Task.source_hash == digest)).one()
-
-
 def link_candidates(result: KernelResult, coder_job_id: str) -> None:
     """Add who wrote each candidate to the rows the reward service stored for this group (found
     through the reward job id): no second copy of a candidate, one row per distinct source."""
     drafts: dict[str, list[int]] = defaultdict(list)
     for report in result.candidates:
         if report.source is not None:
-            drafts[_sha(report.source)].append(report.index)
+            drafts[source_sha256(report.source)].append(report.index)
     first = {digest: result.candidates[indices[0]] for digest, indices in drafts.items()}
     with session_scope() as session:
         rows = session.scalars(select(Candidate).join(Score).where(Score.job_id == result.reward_job_id)).all()

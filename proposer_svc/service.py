@@ -11,7 +11,6 @@ the validator's normalised-source hash (``details.normalised_hash``) and the op-
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.util
 import random
 import secrets
@@ -30,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from services.config import Settings, get_settings
 from services.db.models import Job, Task
 from services.db.session import session_scope
+from services.db.tasks import source_sha256
 from services.queue.jobs import submit_job
 from services.queue.names import PROPOSAL
 from services.schemas.proposer import (
@@ -50,10 +50,6 @@ log = structlog.get_logger(__name__)
 PROPOSE_TASK = "proposer.propose"
 COMPOSE_ATTEMPTS = 5  # fresh API sets tried before a slot counts as declined
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
-
-
-def raw_hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -161,7 +157,7 @@ def store_task(module: ProposedModule, verdict: ValidationResult, request: Propo
         "validation": verdict.details, "hints": {"difficulty": request.difficulty, "max_ops": request.max_ops},
     }
     details["origin"] = module.origin  # in full: the column keeps 50 characters
-    task = Task(source=module.source, source_hash=raw_hash(module.source), origin=module.origin[:50], api_set=module.api_set,
+    task = Task(source=module.source, source_hash=source_sha256(module.source), origin=module.origin[:50], api_set=module.api_set,
                 input_shapes=module.input_shapes or verdict.details.get("input_shapes"), status="valid" if verdict.valid else "rejected", reason=verdict.reason,
                 graph_hash=verdict.graph_hash, details=details)
     try:
@@ -183,7 +179,7 @@ def propose(request: ProposeRequest, settings: Settings | None = None, parallel:
     modules, proposals = compose_modules(composer, stats, request, settings, rng, on_progress)
 
     with session_scope() as session:
-        hashes = [raw_hash(m.source) for m in modules]
+        hashes = [source_sha256(m.source) for m in modules]
         stored = set(session.scalars(select(Task.source_hash).where(Task.source_hash.in_(hashes))))
     fresh: list[ProposedModule] = []
     for module, digest in zip(modules, hashes):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from typing import Any
 
 import redis
-from sqlalchemy import select
 
 from services.config import get_settings
-from services.db.models import Candidate, Job, Score, Task
+from services.db.models import Candidate, Job, Score
 from services.db.session import session_scope
+from services.db.tasks import ensure_task, source_sha256
 from services.queue.jobs import submit_job
 from services.queue.names import scoring_queues
 from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions, VerdictOut
@@ -46,15 +45,10 @@ def score_group(request: GroupScoreRequest, evaluator: Evaluator) -> GroupResult
 def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str | None) -> str:
     """Store the reference as a task, each candidate, and each verdict; returns the group id."""
     group_id = uuid.uuid4().hex
-    ref_hash = _sha(request.reference)
+    task_id = ensure_task(request.reference, origin="external")
     with session_scope() as session:
-        task = session.scalars(select(Task).where(Task.source_hash == ref_hash)).first()
-        if task is None:
-            task = Task(source=request.reference, source_hash=ref_hash, origin="external", status="reference")
-            session.add(task)
-            session.flush()
         for source, verdict in zip(request.candidates, result.verdicts):
-            candidate = Candidate(task_id=task.id, backend=request.options.backend, source=source, source_hash=_sha(source))
+            candidate = Candidate(task_id=task_id, backend=request.options.backend, source=source, source_hash=source_sha256(source))
             session.add(candidate)
             session.flush()
             session.add(Score(
@@ -65,9 +59,6 @@ def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str |
             ))
     return group_id
 
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def pick_scoring_queue() -> str:

@@ -79,3 +79,24 @@ def test_keys_made_before_admin_scopes_keep_their_access(database_url: str, kz_e
     finally:
         engine.dispose()
         migrate.downgrade(database_url)
+
+
+def test_concurrent_jobs_storing_one_source_share_its_task(database_url: str, kz_env: Callable[..., Settings]) -> None:
+    """Groups for the same reference finish at once on a threads-pool worker: one row, one id for all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.db.models import Task
+    from services.db.tasks import ensure_task
+
+    kz_env(database_url=database_url)
+    migrate.upgrade(database_url)
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            ids = list(pool.map(lambda _: ensure_task("class Model: ...", origin="external"), range(12)))
+        engine = make_engine(database_url)
+        with Session(engine) as session:
+            rows = list(session.scalars(select(Task)))
+        engine.dispose()
+        assert len(set(ids)) == 1 and [t.id for t in rows] == ids[:1] and rows[0].origin == "external"
+    finally:
+        migrate.downgrade(database_url)

@@ -124,6 +124,7 @@ def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(platform_env: 
             if all(job["status"] in ("succeeded", "failed") for job in jobs):
                 break
             time.sleep(0.5)
+    assert [job["status"] for job in jobs] == ["succeeded", "succeeded"], [(job["status"], job["error"]) for job in jobs]
     assert [job["result"]["verdicts"][0]["status"] for job in jobs] == ["correct", "correct"], jobs
     with session_scope() as session:
         first, second = sorted((session.get(Job, job_id) for job_id in submitted), key=lambda j: j.started_at)
