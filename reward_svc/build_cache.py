@@ -8,13 +8,14 @@ child may be loading it. ``triton-base`` (Triton's own stubs, sandbox.py) is nev
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import threading
 import time
 import uuid
 from pathlib import Path
+
+from services.db.tasks import source_sha256
 
 PROTECTED = frozenset({"triton-base"})
 
@@ -26,7 +27,7 @@ class BuildCache:
         self._last_check = 0.0
 
     def path_for(self, source: str) -> Path:
-        return self.root / hashlib.sha256(source.encode()).hexdigest()
+        return self.root / source_sha256(source)
 
     def lookup(self, source: str) -> Path | None:
         """The source's published build, marked as just used; None if there is none."""

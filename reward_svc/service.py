@@ -60,7 +60,6 @@ def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str |
     return group_id
 
 
-
 def pick_scoring_queue() -> str:
     """The least busy device queue (one worker per GPU; CPU-only deployments have one queue)."""
     settings = get_settings()
