@@ -135,8 +135,9 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
 
         model = models[spec["weight_seeds"][0]]
         try:
+            with phases.on_device(lock, "timing_setup"):  # the copy to the device: shared, as the reference's
+                args = _case_inputs(spec, exchange, 0)
             with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
-                args = _case_inputs(spec, exchange, 0)  # a host-to-device copy too: not while another job times
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs

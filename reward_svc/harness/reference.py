@@ -101,12 +101,13 @@ def _time_reference(model: torch.nn.Module, inputs_path: Path, spec: dict[str, A
     timings: dict[str, Any] = {}
     with torch.no_grad():
         compiled = None
-        if spec.get("time_compiled"):
-            with phases.on_device(lock, "compile"):  # compiling takes seconds: shared, not exclusive
+        # The copy to the device and compiling (seconds) hold the lock shared; only timing holds it exclusive.
+        with phases.on_device(lock, "timing_setup"):
+            inputs = tensors.load(inputs_path, "cuda")
+            if spec.get("time_compiled"):
                 compiled = torch.compile(model)
-                compiled(*tensors.load(inputs_path, "cuda"))
+                compiled(*inputs)
         with phases.on_device(lock, "timing", exclusive=True):
-            inputs = tensors.load(inputs_path, "cuda")  # a host-to-device copy too: not while another job times
             timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
             if compiled is not None:
                 timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
