@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
+from reward_svc.admission import ByteBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
-from reward_svc.sandbox import ChildPool, Layout
+from reward_svc.sandbox import Child, ChildPool, Layout
 from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
@@ -72,6 +73,7 @@ class Evaluator:
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[tuple[str, float], ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
+        self.output_files = ByteBudget(self.settings.reward_exchange_max_bytes)
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -101,6 +103,7 @@ class Evaluator:
             "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
             "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
             "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+            "exchange_max_bytes": self.settings.reward_exchange_max_bytes,
         }
         started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)
@@ -130,16 +133,23 @@ class Evaluator:
 
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
+        cases = ref_result["cases"]
+        extra_trials = (cases > 1) + 1  # the refresh trial (needs two cases) and the knockout
+        with self.output_files.reserve((cases + extra_trials) * ref_result.get("output_bytes", 0)):
+            child = self.pool(device, options.timeout_s).take()
+            return self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+
+    def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
+                       ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         from reward_svc.verify import FileComparer, judge
 
-        child = self.pool(device, options.timeout_s).take()
         try:
             cached = self.builds.lookup(source)
             build = cached or child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             spec = {
                 "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
-                "device": device, "trials": options.trials, "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
+                "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
                 "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
                 "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
             }
@@ -151,7 +161,10 @@ class Evaluator:
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
             started = time.perf_counter()
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)))
-            verdict = judge(ref_result, ref_dir, result, child.workdir, options.trials, compare_files)
+            verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
+            if ref_result["cases"] < options.trials:
+                verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
+                                                 f"exceed the exchange budget (KZ_REWARD_EXCHANGE_MAX_BYTES) otherwise")
             _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
             verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}

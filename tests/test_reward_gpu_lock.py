@@ -67,3 +67,30 @@ def test_phases_charge_the_wait_and_the_work_separately(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert set(phases.seconds) == {"host", "lock_wait", "trials"}
     assert phases.seconds["host"] >= 0.05 and phases.seconds["trials"] >= 0.2 and phases.seconds["lock_wait"] < 0.05
+
+
+def test_cpu_work_inside_a_shared_hold_lets_the_device_go(tmp_path: Path) -> None:
+    from reward_svc.harness.loading import device_released
+
+    lock = tmp_path / "gpu.lock"
+    with gpu_lock(str(lock)):
+        with device_released():
+            assert can_take(lock, fcntl.LOCK_EX)  # a timing may run while this process compiles
+        assert not can_take(lock, fcntl.LOCK_EX)  # and the hold is back for the GPU work after it
+    with gpu_lock(str(lock), exclusive=True), device_released():
+        assert not can_take(lock, fcntl.LOCK_SH)  # timing keeps its exclusive hold
+
+
+def test_triton_compiles_outside_the_device_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.runtime.jit import JITFunction
+
+    from reward_svc.harness.candidate import _compile_triton_off_device
+
+    lock = tmp_path / "gpu.lock"
+    free_while_compiling: list[bool] = []
+    monkeypatch.setattr(JITFunction, "_do_compile", lambda *_: free_while_compiling.append(can_take(lock, fcntl.LOCK_EX)))
+    _compile_triton_off_device()
+    with gpu_lock(str(lock)):
+        JITFunction._do_compile(None)
+        assert not can_take(lock, fcntl.LOCK_EX)
+    assert free_while_compiling == [True]

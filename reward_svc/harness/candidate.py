@@ -22,7 +22,7 @@ import torch
 
 from reward_svc.harness import tensors
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
-from reward_svc.harness.loading import Phases, import_file
+from reward_svc.harness.loading import Phases, device_released, import_file
 from reward_svc.harness.reference import build_model
 
 COMPILE_ONLY_MARK = "compiled only"
@@ -44,6 +44,7 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
     install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
     if spec["device"] == "cuda":  # the interpreter compiles nothing: no Triton build to keep
         _route_triton_cache(Path(spec["compile_cache"]))
+        _compile_triton_off_device()
     fast = cpp_extension.load_inline
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -64,6 +65,22 @@ def _route_triton_cache(compile_cache: Path) -> None:
     else:
         triton_dir.mkdir(parents=True, exist_ok=True)
         os.environ["TRITON_CACHE_DIR"] = str(triton_dir)
+
+
+def _compile_triton_off_device() -> None:
+    """Triton compiles a kernel at its first launch, inside the trials' device hold: the compile
+    (CPU, up to seconds) lets the hold go, so other jobs' timing does not wait for it."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return
+    compile_kernel = JITFunction._do_compile
+
+    def _do_compile(fn_self: Any, *args: Any, **kwargs: Any) -> Any:
+        with device_released():
+            return compile_kernel(fn_self, *args, **kwargs)
+
+    JITFunction._do_compile = _do_compile
 
 
 def _is_compile_error(exc: BaseException) -> bool:
@@ -115,7 +132,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
                 case_args.append(args)
             with phases.on_device(lock, "trials"):
                 refreshed = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
-            if refreshed is not None:  # None: the cases' inputs differ in shape, so there is no refresh trial
+            if refreshed is not None:  # None: one case, or the cases' inputs differ in shape: no refresh trial
                 outputs["output_refresh"] = refreshed
             if counter.total:
                 with phases.on_device(lock, "trials"):
@@ -196,6 +213,8 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
     tensor identity, address or shape."""
     last = len(case_args) - 1
+    if last == 0:  # one trial asked for: the same values in the same tensors test nothing
+        return None
     targets = tensors.tensors_in(case_args[last])
     fresh = tensors.tensors_in(_case_inputs(spec, exchange, 0))
     if [t.shape for t in targets] != [t.shape for t in fresh]:

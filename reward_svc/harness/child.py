@@ -25,6 +25,7 @@ def _warm_up(device: str) -> None:
         torch.cuda.init()
         torch.empty(1, device="cuda")
         _warm_triton_driver()
+        _warm_vendor_libraries()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
@@ -39,6 +40,17 @@ def _warm_triton_driver() -> None:
     except ImportError:
         return
     touch[(1,)](torch.empty(1, device="cuda"))
+    torch.cuda.synchronize()
+
+
+def _warm_vendor_libraries() -> None:
+    """cuBLAS and cuDNN load and create their handles at first use (up to a second); a reference
+    with a Linear or a Conv would otherwise pay that inside its device hold."""
+    import torch
+
+    x = torch.ones(1, 1, 8, 8, device="cuda")
+    torch.nn.functional.conv2d(x, torch.ones(1, 1, 3, 3, device="cuda"))
+    x[0, 0] @ x[0, 0]
     torch.cuda.synchronize()
 
 

@@ -39,6 +39,10 @@ def to_cpu(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.detach().cpu() if t.device.type != "cpu" else t.detach().clone())
 
 
+def nbytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj))
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Exact equality that treats NaN as equal to NaN (poisoned buffers hold NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:

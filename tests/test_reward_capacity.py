@@ -1,0 +1,66 @@
+"""Capacity: trial tensors cross between children as files, so an evaluation whose tensors are
+large runs fewer correctness cases, and candidates whose outputs would fill the disk together wait."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE
+from reward_svc.admission import ByteBudget
+from reward_svc.evaluate import EvalOptions, Evaluator
+from reward_svc.harness.reference import cases_within
+from services.config import Settings
+
+
+def test_cases_fit_the_exchange_budget() -> None:
+    assert cases_within(3, case_bytes=10, budget=None) == 3
+    assert cases_within(5, case_bytes=10, budget=35) == 3
+    assert cases_within(3, case_bytes=10, budget=1000) == 3
+    assert cases_within(3, case_bytes=13 << 30, budget=16 << 30) == 2  # a KernelBench level-1 case: two, for the refresh trial
+    assert cases_within(1, case_bytes=13 << 30, budget=16 << 30) == 1  # one asked for
+
+
+def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]) -> None:
+    """With the budget below one case's tensors two cases run, the least that still has a refresh
+    trial: every cache and decoy must still be caught."""
+    evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2, reward_exchange_max_bytes=1))
+    try:
+        names = ["cache_by_shape", "cache_by_address", "cache_by_content", "decoy_scratch_kernel"]
+        evaluation = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT] + [HACKS[n][0] for n in names],
+                                              EvalOptions(backend="triton", device="cpu", trials=3, timeout_s=120))
+    finally:
+        evaluator.close()
+    assert evaluation.reference["cases"] == 2
+    correct, *hacks = evaluation.verdicts
+    assert correct.status == "correct", correct.reason
+    assert "2 of 3 correctness trials" in correct.details["trials_cut"]
+    for name, verdict in zip(names, hacks):
+        assert not verdict.correct, f"{name}: {verdict.reason}"
+        assert verdict.guard in ("decoy_kernel", "conditional_fallback", "cross_call_cache") or verdict.status == "incorrect", name
+
+
+def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> None:
+    budget = ByteBudget(capacity=100)
+    running: list[int] = []
+    peak: list[int] = []
+    lock = threading.Lock()
+
+    def child(nbytes: int) -> None:
+        with budget.reserve(nbytes):
+            with lock:
+                running.append(nbytes)
+                peak.append(sum(running))
+            time.sleep(0.05)
+            with lock:
+                running.remove(nbytes)
+
+    threads = [threading.Thread(target=child, args=(n,)) for n in (60, 60, 30, 250, 10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert budget.in_use == 0
+    assert all(p <= 100 or p == 250 for p in peak)  # within the budget, or the oversized one alone
