@@ -69,7 +69,7 @@ class Evaluator:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or get_settings()
-        self.layout = Layout(self.settings.data_dir / "reward").create()
+        self.layout = Layout(self.settings.data_dir / "reward", scratch=self.settings.reward_scratch_dir).create()
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[tuple[str, float], ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)

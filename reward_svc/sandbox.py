@@ -1,6 +1,6 @@
 """Evaluation children: sandbox policy, a warm pool, and the files each child may see.
 
-Layout under ``<data_dir>/reward``:
+Layout under ``<data_dir>/reward`` (``jobs/`` and ``exchange/`` under ``KZ_REWARD_SCRATCH_DIR`` when set):
   jobs/<id>/        one child's private, writable work directory
   exchange/<id>/    a reference run's inputs, published by the worker after the child exits
                     (read-only to every candidate child; the expected outputs never leave jobs/)
@@ -39,14 +39,15 @@ MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result 
 class Layout:
     root: Path
     shared_locks: Path | None = None  # another layout's locks/: the Proposer's children lock the reward service's GPUs
+    scratch: Path | None = None  # where jobs/ and exchange/ go instead of root (a tmpfs: trial tensors are GBs)
 
     @property
     def jobs(self) -> Path:
-        return self.root / "jobs"
+        return (self.scratch or self.root) / "jobs"
 
     @property
     def exchange(self) -> Path:
-        return self.root / "exchange"
+        return (self.scratch or self.root) / "exchange"
 
     @property
     def cache(self) -> Path:

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
         "cases when they would pass it, but at least two) and across the candidates whose outputs are being written at once "
         "(a larger one runs alone). A KernelBench level-1 case is 13 GB of input and output.",
     )
+    reward_scratch_dir: Path | None = Field(
+        default=None,
+        description="Evaluation children's work directories and the trial tensors they exchange; unset: <data dir>/reward. "
+        "On a GPU host point it at a tmpfs (/dev/shm, a memory-backed volume): every trial's tensors are written and read "
+        "once, and on a disk GB-sized ones cost seconds each.",
+    )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
     reward_cache_max_bytes: int = Field(
         default=20 << 30, gt=0,

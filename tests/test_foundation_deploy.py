@@ -69,6 +69,8 @@ def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
     assert option(gpu["command"], "--pool") == "threads"
     assert option(gpu["command"], "-c") == "${KZ_REWARD_GPU_CONCURRENCY:-4}"
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    # trial tensors (GBs) cross between children in memory, not on the container's disk
+    assert gpu["tmpfs"][0].startswith(gpu["environment"]["KZ_REWARD_SCRATCH_DIR"] + ":")
     for name, service in services.items():
         assert set(service.get("environment", {})) - {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= SETTING_VARS, name
 
@@ -105,6 +107,10 @@ def test_kubernetes_manifests_are_complete_and_consistent() -> None:
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert option(gpu["command"], "--pool") == "threads" and option(gpu["command"], "-c") == "$(KZ_REWARD_GPU_CONCURRENCY)"
     assert "KZ_REWARD_GPU_CONCURRENCY" in by_kind["ConfigMap"]["kernelzero-config"]["data"]
+    scratch = next(e["value"] for e in gpu["env"] if e["name"] == "KZ_REWARD_SCRATCH_DIR")
+    gpu_pod = deployments["reward-gpu-worker"]["spec"]["template"]["spec"]
+    mount = next(m for m in gpu["volumeMounts"] if m["mountPath"] == scratch)
+    assert next(v for v in gpu_pod["volumes"] if v["name"] == mount["name"])["emptyDir"]["medium"] == "Memory"
 
 
 def test_up_runs_a_gpu_reward_worker_with_threads_and_the_rest_with_one_process() -> None:
