@@ -103,7 +103,7 @@ class Evaluator:
             "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
             "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
             "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
-            "exchange_max_bytes": self.settings.reward_exchange_max_bytes,
+            "exchange_max_bytes": self.settings.reward_exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
         }
         started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)

@@ -26,6 +26,7 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e
 # error of the mean-centred output. Applied where a constant or zero output would pass allclose.
 STRUCTURE_TOLERANCE = 0.05
 NOISE_ULPS = 4
+NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
 FALLBACK_WORK_SHARE = 0.5
 
 
@@ -48,11 +49,11 @@ class FileComparer:
     device: str = "cpu"
     lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
 
-    def __call__(self, output: Path, expected: Path) -> tuple[bool, str, float]:
+    def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> tuple[bool, str, float]:
         mapped = self.device == "cpu"
         out, ref = tensors.load(output, mmap=mapped), tensors.load(expected, mmap=mapped)
         with self.lock():
-            return compare(tensors.to_device(out, self.device), tensors.to_device(ref, self.device), self.tolerance)
+            return compare(tensors.to_device(out, self.device), tensors.to_device(ref, self.device), self.tolerance, noise)
 
 
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
@@ -68,21 +69,22 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
         return Verdict("rejected", reason, guard=guard, details={"observations": observations})
 
     max_error = 0.0
+    noise = ref_result.get("rounding_noise")
     for case in range(trials):
-        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt")
+        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt", noise)
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     refresh = cand_dir / "output_refresh.pt"
     if refresh.exists():
-        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt")
+        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise)
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if knockout.exists():
-        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt")
+        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise)
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
@@ -136,8 +138,9 @@ def _pytorch_covers_reference(cand_ops: dict[str, Any], ref_ops: dict[str, Any])
     return sorted(ref_ops)
 
 
-def compare(output: Any, expected: Any, tolerance: Tolerance) -> tuple[bool, str, float]:
-    """(ok, why not, max abs error) for one trial's output against the reference's."""
+def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float] | None = None) -> tuple[bool, str, float]:
+    """(ok, why not, max abs error) for one trial's output against the reference's; ``noise``: per
+    output tensor, the reference's own rounding noise (L2), where it measured one."""
     outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
     if len(outs) != len(refs):
         return False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf
@@ -150,14 +153,15 @@ def compare(output: Any, expected: Any, tolerance: Tolerance) -> tuple[bool, str
             return False, f"{label} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}", math.inf
         if out.dtype != ref.dtype:
             return False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf
-        ok, why, error = _compare_tensor(out, ref, tolerance)
+        floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
+        ok, why, error = _compare_tensor(out, ref, tolerance, max(floor, 0.0))
         worst = max(worst, error)
         if not ok:
             return False, f"{label}: {why}", worst
     return True, "", worst
 
 
-def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) -> tuple[bool, str, float]:
+def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float) -> tuple[bool, str, float]:
     if not (ref.is_floating_point() or ref.is_complex()):
         equal = torch.equal(out, ref)
         return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf
@@ -176,21 +180,30 @@ def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) 
     if not torch.allclose(out_c, ref_c, atol=atol, rtol=rtol, equal_nan=True):
         bad = int((~torch.isclose(out_c, ref_c, atol=atol, rtol=rtol, equal_nan=True)).sum())
         return False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error
-    ok, why = _reproduces_structure(out_c[ref_finite], ref_c[ref_finite], atol, rtol, ref.dtype)
+    ok, why = _reproduces_structure(out_c[ref_finite], ref_c[ref_finite], atol, rtol, ref.dtype, noise)
     return ok, why, error
 
 
-def _reproduces_structure(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, dtype: torch.dtype) -> tuple[bool, str]:
+def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Whether allclose at this tolerance would accept a constant (or zeros) for ``ref``."""
+    if ref.numel() < 2:
+        return False
+    constant = torch.full_like(ref, float(ref.mean()))
+    return torch.allclose(constant, ref, atol=atol, rtol=rtol) or torch.allclose(torch.zeros_like(ref), ref, atol=atol, rtol=rtol)
+
+
+def _reproduces_structure(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, dtype: torch.dtype,
+                          noise: float) -> tuple[bool, str]:
     """Where the tolerance cannot tell the reference from a constant (tiny or near-constant
     outputs), require the output's variation to match the reference's."""
-    if ref.numel() < 2:
-        return True, ""
-    constant = torch.full_like(ref, float(ref.mean()))
-    if not (torch.allclose(constant, ref, atol=atol, rtol=rtol) or torch.allclose(torch.zeros_like(ref), ref, atol=atol, rtol=rtol)):
+    if not looks_constant(ref, atol, rtol):
         return True, ""
     ref_var = ref - ref.mean()
-    # Rounding alone moves a correct output by a few ulps of its magnitude: never demand more.
-    allowed = STRUCTURE_TOLERANCE * float(ref_var.norm()) + NOISE_ULPS * torch.finfo(dtype).eps * float(ref.norm())
+    # Rounding alone moves a correct output by a few ulps of its magnitude, and where the reference's
+    # variation is itself rounding noise (a mean of normalised values is 0 up to rounding) by that
+    # noise, as the reference measured it: never demand more.
+    allowed = (STRUCTURE_TOLERANCE * float(ref_var.norm()) + NOISE_ULPS * torch.finfo(dtype).eps * float(ref.norm())
+               + NOISE_SPREAD * noise)
     structure_error = float(((out - out.mean()) - ref_var).norm())
     if structure_error > allowed:
         relative = structure_error / max(float(ref_var.norm()), 1e-300)

@@ -101,3 +101,27 @@ def test_inputs_whose_shape_changes_between_trials_are_not_mistaken_for_a_cache(
     reference = RELU_REFERENCE.replace("torch.randn(4, 1024)", "torch.randn(int(torch.randint(2, 64, (1,))), 1024)")
     verdict = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(backend="triton", device="cpu")).verdicts[0]
     assert verdict.status == "correct", verdict.reason
+
+
+# Mathematically zero for every input: each row minus its mean, summed. What the reference returns
+# is its own rounding noise, so a correct kernel that rounds differently must still pass.
+ZERO_UP_TO_ROUNDING_REFERENCE = RELU_REFERENCE.replace(
+    "return torch.relu(x)", "return (x - x.mean(dim=1, keepdim=True)).sum(dim=1)")
+CENTRED_SUM_KERNEL = '''
+@triton.jit
+def centred_sum_kernel(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < cols
+    x = tl.load(x_ptr + row * cols + offsets, mask=mask, other=0.0)
+    centred = tl.where(mask, x - tl.sum(x, axis=0) / cols, 0.0)
+    tl.store(out_ptr + row, tl.sum(centred, axis=0))
+'''
+
+
+def test_an_output_that_is_rounding_noise_is_judged_against_that_noise(evaluator: Evaluator) -> None:
+    centred_sum = candidate("out = torch.empty(x.shape[0], device=x.device)\n"
+                            "centred_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=1024)\nreturn out", extra=CENTRED_SUM_KERNEL)
+    evaluation = evaluator.evaluate_group(ZERO_UP_TO_ROUNDING_REFERENCE, [centred_sum], EvalOptions(backend="triton", device="cpu"))
+    assert evaluation.reference["rounding_noise"][0] > 0  # measured, since the output looks constant
+    assert evaluation.verdicts[0].status == "correct", evaluation.verdicts[0].reason

@@ -10,6 +10,7 @@ inputs there, running the model) holds the device lock; writing files does not.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     recorder = OpRecorder()
     outputs_meta = []
     output_bytes = 0
+    noise = None
     case = 0
     with torch.no_grad():
         while case < n_cases:  # one case at a time: a KernelBench level-1 case alone is GBs
@@ -62,9 +64,13 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             with phases.on_device(lock, "trials"):
                 if weight_seed not in models:
                     models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
+                args = tensors.to_device(inputs, device)
                 with recorder if case == 0 else contextlib.nullcontext():
-                    output = models[weight_seed](*tensors.to_device(inputs, device))
+                    output = models[weight_seed](*args)
+                if case == 0:
+                    noise = rounding_noise(models[weight_seed], args, output, spec)
                 expected = tensors.to_cpu(output)
+                del args, output
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             output_bytes = max(output_bytes, tensors.nbytes(expected))
@@ -76,6 +82,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "status": "ok",
         "cases": n_cases,
         "output_bytes": output_bytes,
+        "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
         "outputs": outputs_meta,
@@ -84,6 +91,30 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     if spec.get("time") and device == "cuda":
         result.update(_time_reference(models[spec["weight_seeds"][0]], exchange / "inputs_0.pt", spec, phases))
     return result
+
+
+def rounding_noise(model: torch.nn.Module, args: list[Any], output: Any, spec: dict[str, Any]) -> list[float] | None:
+    """Per output tensor, how far the reference's own output moves when its inputs move by one
+    rounding step: the noise floor of an output whose variation is mostly rounding (a mean of
+    normalised values is 0 up to rounding). Measured only where the judge would hold a correct
+    candidate to the output's variation (it looks constant at the tolerance); else None."""
+    from reward_svc.verify import Tolerance, looks_constant
+
+    tolerance = Tolerance(spec.get("atol"), spec.get("rtol"))
+    outs = tensors.tensors_in(output)
+    if not any(t.is_floating_point() and looks_constant(t, *tolerance.for_dtype(t.dtype)) for t in outs):
+        return None
+
+    def nudge(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return t
+        return t * (1 + torch.finfo(t.dtype).eps * (2 * torch.rand_like(t) - 1))
+
+    moved = tensors.tensors_in(model(*tensors.map_tensors(args, nudge)))
+    compute = [torch.promote_types(t.dtype, torch.float32) for t in outs]
+    norms = [float((a.to(c) - b.to(c)).norm()) if a.is_floating_point() and a.shape == b.shape else 0.0
+             for a, b, c in zip(outs, moved, compute)]
+    return [n if math.isfinite(n) else 0.0 for n in norms]  # no noise floor where it cannot be measured
 
 
 def cases_within(trials: int, case_bytes: int, budget: int | None) -> int:
