@@ -73,7 +73,8 @@ class Evaluator:
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[tuple[str, float], ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
-        self.output_files = ByteBudget(self.settings.reward_exchange_max_bytes)
+        self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
+        self.output_files = ByteBudget(self.exchange_max_bytes)
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -95,7 +96,9 @@ class Evaluator:
         if not pending:
             return Evaluation([v for v in verdicts if v is not None], device)
 
+        started = time.perf_counter()
         ref_child = self.pool(device, options.timeout_s).take()
+        ref_child_wait = round(time.perf_counter() - started, 3)
         seeds = _secret_seeds()
         (ref_child.workdir / "reference.py").write_text(reference)
         ref_spec = {
@@ -103,7 +106,7 @@ class Evaluator:
             "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
             "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
             "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
-            "exchange_max_bytes": self.settings.reward_exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
+            "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
         }
         started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)
@@ -121,7 +124,9 @@ class Evaluator:
 
             def run_one(i: int) -> None:
                 verdict = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
-                verdict.details.setdefault("seconds", {})["reference"] = round(reference_s, 3)
+                seconds = verdict.details.setdefault("seconds", {})
+                seconds["reference"] = round(reference_s, 3)
+                seconds.setdefault("waiting", {})["reference_child"] = ref_child_wait
                 verdicts[i] = verdict
 
             with ThreadPoolExecutor(max_workers=self.settings.reward_parallel_children) as executor:
@@ -135,9 +140,14 @@ class Evaluator:
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         cases = ref_result["cases"]
         extra_trials = (cases > 1) + 1  # the refresh trial (needs two cases) and the knockout
+        started = time.perf_counter()
         with self.output_files.reserve((cases + extra_trials) * ref_result.get("output_bytes", 0)):
+            admitted = time.perf_counter()
             child = self.pool(device, options.timeout_s).take()
-            return self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+            waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
+            verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+        verdict.details.setdefault("seconds", {})["waiting"] = waits
+        return verdict
 
     def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                        ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
@@ -162,6 +172,7 @@ class Evaluator:
             started = time.perf_counter()
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)))
             verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
+            del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
                                                  f"exceed the exchange budget (KZ_REWARD_EXCHANGE_MAX_BYTES) otherwise")

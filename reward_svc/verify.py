@@ -40,20 +40,24 @@ class Tolerance:
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
-@dataclass(frozen=True)
 class FileComparer:
-    """Compares an output file with its expected file where the judge runs. On a GPU the files are
-    read into host memory first; only the copy to the device and the arithmetic hold ``lock``."""
+    """Compares an output file with its expected file where the judge runs. Files are memory-mapped
+    (the scratch dir is meant to be a tmpfs: mapping costs no copy); on a GPU only the copy to the
+    device and the arithmetic hold ``lock``. The first expected output stays loaded (the refresh and
+    knockout trials compare against case 0 again), beside the latest one."""
 
-    tolerance: Tolerance
-    device: str = "cpu"
-    lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+    def __init__(self, tolerance: Tolerance, device: str = "cpu",
+                 lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+        self.tolerance, self.device, self.lock = tolerance, device, lock
+        self._loaded: dict[Path, Any] = {}
 
     def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> tuple[bool, str, float]:
-        mapped = self.device == "cpu"
-        out, ref = tensors.load(output, mmap=mapped), tensors.load(expected, mmap=mapped)
+        out = tensors.load(output)
         with self.lock():
-            return compare(tensors.to_device(out, self.device), tensors.to_device(ref, self.device), self.tolerance, noise)
+            if expected not in self._loaded:
+                self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
+                self._loaded[expected] = tensors.load(expected, self.device)
+            return compare(tensors.to_device(out, self.device), self._loaded[expected], self.tolerance, noise)
 
 
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,

@@ -48,11 +48,12 @@ class Settings(BaseSettings):
         description="Largest file an evaluation child may write: its inputs and outputs cross as files, and KernelBench "
         "level-1 tensors reach 6.4 GB.",
     )
-    reward_exchange_max_bytes: int = Field(
-        default=16 << 30, gt=0,
+    reward_exchange_max_bytes: int | None = Field(
+        default=None, gt=0,
         description="Trial tensors crossing between children as files, per evaluation's reference (it runs fewer correctness "
         "cases when they would pass it, but at least two) and across the candidates whose outputs are being written at once "
-        "(a larger one runs alone). A KernelBench level-1 case is 13 GB of input and output.",
+        "(a larger one runs alone); unset: a quarter of the scratch filesystem. A KernelBench level-1 case is 13 GB of input "
+        "and output.",
     )
     reward_scratch_dir: Path | None = Field(
         default=None,

@@ -36,6 +36,7 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     correct, *hacks = evaluation.verdicts
     assert correct.status == "correct", correct.reason
     assert "2 of 3 correctness trials" in correct.details["trials_cut"]
+    assert set(correct.details["seconds"]["waiting"]) == {"admission", "child", "reference_child"}  # where a slow verdict waited
     for name, verdict in zip(names, hacks):
         assert not verdict.correct, f"{name}: {verdict.reason}"
         assert verdict.guard in ("decoy_kernel", "conditional_fallback", "cross_call_cache") or verdict.status == "incorrect", name
