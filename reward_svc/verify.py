@@ -41,10 +41,10 @@ class Tolerance:
 
 
 class FileComparer:
-    """Compares an output file with its expected file where the judge runs. Files are memory-mapped
-    (the scratch dir is meant to be a tmpfs: mapping costs no copy); on a GPU only the copy to the
-    device and the arithmetic hold ``lock``. The first expected output stays loaded (the refresh and
-    knockout trials compare against case 0 again), beside the latest one."""
+    """Compares an output file with its expected file where the judge runs. On a GPU the files are
+    read into host memory first, so only the copy to the device and the arithmetic hold ``lock``.
+    The first expected output stays loaded (the refresh and knockout trials compare against case 0
+    again), beside the latest one."""
 
     def __init__(self, tolerance: Tolerance, device: str = "cpu",
                  lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
@@ -52,11 +52,13 @@ class FileComparer:
         self._loaded: dict[Path, Any] = {}
 
     def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> tuple[bool, str, float]:
-        out = tensors.load(output)
+        mapped = self.device == "cpu"  # a mapped file read under the lock would hold it through page faults
+        out = tensors.load(output, mmap=mapped)
+        ref = None if expected in self._loaded else tensors.load(expected, mmap=mapped)
         with self.lock():
-            if expected not in self._loaded:
+            if ref is not None:
                 self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
-                self._loaded[expected] = tensors.load(expected, self.device)
+                self._loaded[expected] = tensors.to_device(ref, self.device)
             return compare(tensors.to_device(out, self.device), self._loaded[expected], self.tolerance, noise)
 
 
