@@ -1,7 +1,8 @@
 """Evaluation children: sandbox policy, a warm pool, and the files each child may see.
 
 Layout under ``<data_dir>/reward`` (``jobs/`` and ``exchange/`` under ``KZ_REWARD_SCRATCH_DIR`` when set):
-  jobs/<id>/        one child's private, writable work directory
+  jobs/<pid>-<id>/  one child's private, writable work directory (pid: the worker that started it;
+                    a dead worker's dirs are swept when the next one creates the layout)
   exchange/<id>/    a reference run's inputs, published by the worker after the child exits
                     (read-only to every candidate child; the expected outputs never leave jobs/)
   cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
@@ -64,7 +65,26 @@ class Layout:
     def create(self) -> Layout:
         for path in (self.jobs, self.exchange, self.cache, self.locks):
             path.mkdir(parents=True, exist_ok=True)
+        self.sweep_orphans()
         return self
+
+    def sweep_orphans(self) -> None:
+        """Remove work and exchange dirs whose owning process is gone: a worker killed mid-job
+        would otherwise leave GBs of trial tensors in the scratch dir (a tmpfs: memory) for good."""
+        for path in [*self.jobs.iterdir(), *self.exchange.iterdir()]:
+            owner = path.name.split("-", 1)[0]
+            if not (owner.isdigit() and _alive(int(owner))):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @dataclass
@@ -154,7 +174,7 @@ class ChildPool:
             max_file_bytes=self.settings.reward_max_file_bytes,
             writable_dirs=(workdir, self.layout.locks),
             readonly_dirs=(self.layout.exchange, self.layout.cache),
-            hidden_dirs=(self.settings.data_dir,),
+            hidden_dirs=tuple(filter(None, (self.settings.data_dir, self.layout.scratch))),  # other jobs' files
             env=env,
             gpu=self.device == "cuda",
         )
@@ -163,7 +183,7 @@ class ChildPool:
         return self._spawner.submit(self._spawn_here).result()
 
     def _spawn_here(self) -> Child:
-        workdir = self.layout.jobs / uuid.uuid4().hex
+        workdir = self.layout.jobs / f"{os.getpid()}-{uuid.uuid4().hex}"  # the owner's pid: see Layout.sweep_orphans
         workdir.mkdir(parents=True)
         argv = [sys.executable, "-m", self.entry, str(workdir), self.device]
         return Child(SandboxProcess(argv, self.policy(workdir), cwd=workdir), workdir)

@@ -3,14 +3,25 @@ large runs fewer correctness cases, and candidates whose outputs would fill the 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE
 from reward_svc.admission import ByteBudget
 from reward_svc.evaluate import EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
+from reward_svc.sandbox import ChildPool, Layout
+from services.sandbox import run_sandboxed
+from services.sandbox.bwrap import bwrap_probe
 from services.config import Settings
 
 
@@ -65,3 +76,39 @@ def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> Non
     assert not any(t.is_alive() for t in threads)
     assert budget.in_use == 0
     assert all(p <= 100 or p == 250 for p in peak)  # within the budget, or the oversized one alone
+
+
+def test_a_scratch_dir_outside_the_data_dir_is_hidden_from_children(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    """Children see their own work dir and the exchange, never another job's files (a reference's
+    expected outputs lie in its work dir)."""
+    if bwrap_probe()[0] is None:
+        pytest.skip("hidden dirs need bwrap")
+    scratch = Path(tempfile.mkdtemp(dir="/var/tmp"))  # not under /tmp: the sandbox's private /tmp would hide it anyway
+    settings = kz_env(reward_warm_children=0, reward_scratch_dir=scratch, sandbox="bwrap")
+    layout = Layout(settings.data_dir / "reward", scratch=settings.reward_scratch_dir).create()
+    pool = ChildPool(settings, layout, "cpu", 30.0, size=0)
+    try:
+        mine, other = layout.jobs / f"{os.getpid()}-mine", layout.jobs / f"{os.getpid()}-other"
+        for workdir in (mine, other):
+            workdir.mkdir()
+        (other / "expected_0.pt").write_text("the reference's answer")
+        code = "import os, sys; print(os.path.exists(sys.argv[1]), os.path.exists(sys.argv[2]))"
+        result = run_sandboxed([sys.executable, "-c", code, str(mine), str(other / "expected_0.pt")], pool.policy(mine))
+        assert result.stdout.decode().split() == ["True", "False"], result.stderr.decode()
+    finally:
+        pool.close()
+        shutil.rmtree(scratch)
+
+
+def test_work_dirs_of_dead_workers_are_swept(tmp_path: Path) -> None:
+    """A worker killed mid-job leaves its children's dirs behind; the next one to start removes them."""
+    layout = Layout(tmp_path / "reward", scratch=tmp_path / "scratch").create()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftovers = [layout.jobs / f"{dead.pid}-a", layout.exchange / f"{dead.pid}-a", layout.jobs / "unowned"]
+    live = layout.jobs / f"{os.getpid()}-b"
+    for path in [*leftovers, live]:
+        path.mkdir()
+        (path / "inputs_0.pt").write_bytes(b"GBs")
+    layout.create()
+    assert live.exists() and not any(path.exists() for path in leftovers)
