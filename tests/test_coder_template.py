@@ -58,6 +58,10 @@ CORRECT_CASES = {
                               "x):\n        x = self.fc(x)\n        x = x * self.scale\n        x = F.leaky_relu(x, 0.05)\n"
                               "        return torch.sum(x, dim=1, keepdim=True)",
                               "[torch.randn(16, 32)]", init_inputs="[32, 48, 1.5]", params="in_f, out_f, scale"),
+    # a tensor created in forward (KernelBench level 2, 31): fx keeps it as a constant of the traced module
+    "constant_made_in_forward": module("        self.bias = nn.Parameter(torch.randn(4, 1))\n        self.limit = limit",
+                                       "x):\n        return torch.min(x, torch.tensor(self.limit)) + self.bias * torch.tensor([2.0])",
+                                       "[torch.randn(3, 4, 10)]", init_inputs="[0.25]", params="limit"),
 }
 
 CONV_ONLY = module("        self.conv = nn.Conv2d(3, 8, 3)", "x):\n        return self.conv(x)", "[torch.randn(1, 3, 8, 8)]")

@@ -44,6 +44,13 @@ class ForwardWriter:
     def var(self, name: str) -> str:
         return f"v_{self.plan.resolve(name)}"
 
+    def device_of(self) -> str:
+        """Where the forward's inputs are: the first input's device."""
+        first = next((n for n in self.plan.graph.nodes if n.op == "placeholder" and n.tensor), None)
+        if first is None:
+            raise Unsupported("the forward makes a constant tensor but takes no tensor to place it beside")
+        return f"{self.var(first.name)}.device"
+
     def arg(self, value: Any) -> str:
         if isinstance(value, NodeRef):
             return self.var(value.node)
@@ -82,6 +89,9 @@ class ForwardWriter:
 
     def statement(self, node: Node) -> str:
         if node.op == "get_attr":
+            if node.value is not None:  # made in forward from literals: made again, on the inputs' device
+                dtype = self.arg(DtypeConst(dtype=node.tensor.dtype if node.tensor else "float32"))
+                return f"{self.var(node.name)} = torch.tensor({self.arg(node.value)}, dtype={dtype}, device={self.device_of()})"
             return f"{self.var(node.name)} = {self.attribute_chain(node.target)}"
         if node.op == "call_module":
             return f"{self.var(node.name)} = {self.attribute_chain(node.target)}({self.call_args(node)})"

@@ -101,6 +101,8 @@ class Node(BaseModel):
     kwargs: dict[Identifier, Arg] = {}
     meta: TensorMeta | list[TensorMeta | None] | None = None
     module: ModuleInfo | None = None
+    value: Arg = None
+    """A get_attr of a tensor the forward made from literals: its (small) value, as nested lists."""
 
     @property
     def tensor(self) -> TensorMeta | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 CONSTANT_TYPES = (bool, int, float, str, type(None))
+MAX_CONSTANT_ELEMENTS = 64  # a tensor made from literals in forward; larger ones are declined
 
 
 def _canonical_function(fn: Any) -> str:
@@ -65,6 +66,22 @@ def _meta(value: Any) -> Any:
     return None
 
 
+def _attribute(root: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _symbolic_trace(model: Any) -> tuple[Any, set[str]]:
+    """The traced module, and the attributes tracing added to the model: fx stores each tensor the
+    forward makes from literals as one (``_tensor_constant0``)."""
+    import torch.fx
+
+    before = set(vars(model))
+    graph_module = torch.fx.symbolic_trace(model)
+    return graph_module, set(vars(model)) - before
+
+
 def _module_info(module: Any) -> dict[str, Any]:
     cls = type(module)
     attrs = {k: _arg(v) for k, v in vars(module).items()
@@ -100,14 +117,14 @@ def trace(source: str) -> dict[str, Any]:
     traced_on = "meta"
     try:
         model, inputs = _build(module, "meta")
-        graph_module = torch.fx.symbolic_trace(model)
+        graph_module, made = _symbolic_trace(model)
         ShapeProp(graph_module).propagate(*inputs)
     except Exception as exc:  # some modules cannot build or run on meta (e.g. .item()): real tensors, under the sandbox memory limit
         print(f"meta trace failed: {exc!r}", file=sys.stderr)
         traced_on = "cpu"
         model, inputs = _build(module, "cpu")
         try:
-            graph_module = torch.fx.symbolic_trace(model)
+            graph_module, made = _symbolic_trace(model)
         except Exception as exc:
             return {"error": f"torch.fx cannot trace the module: {type(exc).__name__}: {exc}"[:500]}
         ShapeProp(graph_module).propagate(*inputs)
@@ -123,6 +140,13 @@ def trace(source: str) -> dict[str, Any]:
             entry["module"] = _module_info(graph_module.get_submodule(node.target))
         else:
             entry["target"] = str(node.target)
+        if node.op == "get_attr" and node.target in made:
+            # a tensor the forward creates from literals (torch.tensor(0.5)): an attribute of the
+            # traced module only, so ModelNew gets its value
+            value = _attribute(graph_module, node.target)
+            if not isinstance(value, torch.Tensor) or value.numel() > MAX_CONSTANT_ELEMENTS:
+                return {"error": f"the forward creates a constant {type(value).__name__} too large to write into ModelNew"}
+            entry["value"] = _arg(value.tolist())
         nodes.append(entry)
     return {"graph": {"nodes": nodes, "traced_on": traced_on}}
 
