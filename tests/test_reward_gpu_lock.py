@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,3 +95,35 @@ def test_triton_compiles_outside_the_device_hold(tmp_path: Path, monkeypatch: py
         JITFunction._do_compile(None)
         assert not can_take(lock, fcntl.LOCK_EX)
     assert free_while_compiling == [True]
+
+
+def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Path) -> None:
+    """Linux flock would grant new shared holds while a timing waits, so under steady correctness
+    work the timing could wait forever; the gate makes later requests queue behind it."""
+    import threading
+
+    lock = tmp_path / "gpu.lock"
+    with child_holding(lock, exclusive=False):
+        timing = subprocess.Popen([sys.executable, "-c", "import sys; from reward_svc.harness.loading import gpu_lock\n"
+                                   f"with gpu_lock({str(lock)!r}, exclusive=True):\n    print('timing', flush=True); sys.stdin.read()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.5)  # the timing is now waiting for the first holder
+            entered = threading.Event()
+
+            def correctness_work() -> None:
+                with gpu_lock(str(lock)):
+                    entered.set()
+
+            later = threading.Thread(target=correctness_work, daemon=True)
+            later.start()
+            assert not entered.wait(1.0)  # queued behind the timing, though the lock is only held shared
+        except BaseException:
+            timing.kill()
+            raise
+    assert timing.stdout is not None and timing.stdout.readline().strip() == "timing"  # first holder gone: timing runs
+    assert not entered.is_set()
+    timing.kill()
+    timing.wait()
+    assert entered.wait(5.0)  # and then the correctness work
+    later.join(5.0)

@@ -10,6 +10,7 @@ import threading
 import time
 import types
 from collections.abc import Iterator
+from typing import IO
 from pathlib import Path
 
 
@@ -26,19 +27,29 @@ def import_file(path: Path, module_name: str) -> types.ModuleType:
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
 
 
+def _take(handle: IO[str], gate_path: str, mode: int) -> None:
+    """Through the turnstile: Linux ``flock`` grants new shared holds while an exclusive request
+    waits, so under steady correctness work a timing could wait indefinitely. Every request first
+    takes the gate (a mutex held only while queueing for the device lock); a timing keeps it until
+    the current holders have drained, so new ones queue behind it."""
+    with open(gate_path, "a") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(handle, mode)
+
+
 @contextlib.contextmanager
 def gpu_lock(path: str | None, *, exclusive: bool = False) -> Iterator[None]:
     """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
     (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
     timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
-    (making inputs, writing files) runs outside it."""
+    (making inputs, writing files) runs outside it. Requests are served in turn (``_take``)."""
     if not path:
         yield
         return
     with open(path, "a") as handle:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        fcntl.flock(handle, mode)
-        outer, _holds.current = getattr(_holds, "current", None), (handle, mode)
+        _take(handle, path + ".gate", mode)
+        outer, _holds.current = getattr(_holds, "current", None), (handle, path, mode)
         try:
             yield
         finally:
@@ -51,19 +62,19 @@ def device_released() -> Iterator[None]:
     lock go meanwhile: a timing waiting for the device waits for GPU work, not for a compiler.
     An exclusive hold is kept: it is timing, and a compile there is part of what is measured."""
     hold = getattr(_holds, "current", None)
-    if hold is None or hold[1] == fcntl.LOCK_EX:
+    if hold is None or hold[2] == fcntl.LOCK_EX:
         yield
         return
     import torch
 
     if torch.cuda.is_available():  # none of this process's work is left running beside someone's timing
         torch.cuda.synchronize()
-    handle, mode = hold
+    handle, path, mode = hold
     fcntl.flock(handle, fcntl.LOCK_UN)
     try:
         yield
     finally:
-        fcntl.flock(handle, mode)
+        _take(handle, path + ".gate", mode)
 
 
 class Phases:
