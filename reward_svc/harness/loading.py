@@ -10,8 +10,8 @@ import threading
 import time
 import types
 from collections.abc import Iterator
-from typing import IO
 from pathlib import Path
+from typing import IO
 
 
 def import_file(path: Path, module_name: str) -> types.ModuleType:
