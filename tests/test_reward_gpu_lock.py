@@ -108,7 +108,10 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
                                    f"with gpu_lock({str(lock)!r}, exclusive=True):\n    print('timing', flush=True); sys.stdin.read()"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(0.5)  # the timing is now waiting for the first holder
+            deadline = time.monotonic() + 30
+            while can_take(Path(f"{lock}.gate"), fcntl.LOCK_EX):  # until the timing waits, holding the gate
+                assert time.monotonic() < deadline and timing.poll() is None
+                time.sleep(0.05)
             entered = threading.Event()
 
             def correctness_work() -> None:
