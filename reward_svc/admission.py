@@ -1,9 +1,17 @@
-"""Admission of candidate children by the bytes of output files they will write.
+"""Admission by the bytes of trial files in the scratch dir.
 
-Every trial's output crosses from the candidate's child to the judge as a file. A KernelBench
-level-1 output is 6.4 GB, so a group of such candidates, or several groups on a GPU worker, would
-fill the disk together: children whose outputs would pass the budget wait for earlier ones to be
-judged, and one larger than the whole budget runs alone.
+Every trial's tensors cross between children as files. A KernelBench level-1 case is 13 GB of
+input and output, so a group of such candidates, or several groups on a GPU worker, would fill
+the scratch dir (a tmpfs: memory) together. Two kinds of files, admitted differently:
+
+- a reference's files (inputs and expected outputs) are known only once it ran: they are *held*
+  while its group runs, and a new reference starts only while the files in use are below the
+  budget, so heavy groups queue instead of piling up;
+- a candidate's output files are known beforehand: candidates *reserve* them, and wait while
+  other candidates' reservations would pass the budget (one larger than it runs alone).
+
+Candidates wait only for other candidates, never for references, so a group that has run its
+reference always finishes and lets the next one in.
 """
 
 from __future__ import annotations
@@ -13,20 +21,44 @@ import threading
 from collections.abc import Iterator
 
 
-class ByteBudget:
+class ExchangeBudget:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.in_use = 0
+        self.held = 0  # references' files
+        self.reserved = 0  # candidates' output files
         self._changed = threading.Condition()
 
-    @contextlib.contextmanager
-    def reserve(self, nbytes: int) -> Iterator[None]:
+    @property
+    def in_use(self) -> int:
+        return self.held + self.reserved
+
+    def wait_for_room(self) -> None:
+        """Before a reference runs: until the files in use are below the budget."""
         with self._changed:
-            self._changed.wait_for(lambda: self.in_use == 0 or self.in_use + nbytes <= self.capacity)
-            self.in_use += nbytes
+            self._changed.wait_for(lambda: self.in_use < self.capacity)
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        """A reference's files, from when they exist until its group is done."""
+        with self._changed:
+            self.held += nbytes
         try:
             yield
         finally:
-            with self._changed:
-                self.in_use -= nbytes
-                self._changed.notify_all()
+            self._release("held", nbytes)
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """A candidate's output files, before its child runs."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.reserved == 0 or self.reserved + nbytes <= self.capacity)
+            self.reserved += nbytes
+        try:
+            yield
+        finally:
+            self._release("reserved", nbytes)
+
+    def _release(self, kind: str, nbytes: int) -> None:
+        with self._changed:
+            setattr(self, kind, getattr(self, kind) - nbytes)
+            self._changed.notify_all()

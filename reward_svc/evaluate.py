@@ -5,6 +5,7 @@ Plain functions over plain data, so the CLI, the Celery task and the tests call 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
-from reward_svc.admission import ByteBudget
+from reward_svc.admission import ExchangeBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
@@ -74,7 +75,7 @@ class Evaluator:
         self._pools: dict[tuple[str, float], ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
-        self.output_files = ByteBudget(self.exchange_max_bytes)
+        self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -97,8 +98,10 @@ class Evaluator:
             return Evaluation([v for v in verdicts if v is not None], device)
 
         started = time.perf_counter()
+        self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
+        admitted = time.perf_counter()
         ref_child = self.pool(device, options.timeout_s).take()
-        ref_child_wait = round(time.perf_counter() - started, 3)
+        ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
         seeds = _secret_seeds()
         (ref_child.workdir / "reference.py").write_text(reference)
         ref_spec = {
@@ -111,13 +114,16 @@ class Evaluator:
         started = time.perf_counter()
         outcome, ref_result = ref_child.run(ref_spec)
         reference_s = time.perf_counter() - started
-        try:
+        with contextlib.ExitStack() as group:
+            group.enter_context(self.exchange_budget.hold(ref_result.get("files_bytes", 0) if ref_result else 0))
+            group.callback(ref_child.discard)  # its files go before the hold on them does
             if ref_result is None or ref_result.get("status") != "ok":
                 why = ref_result.get("reason") if ref_result else _crash_reason(outcome, "the reference")
                 verdict = Verdict("runtime_error", f"the reference could not be evaluated: {why}", guard=None)
                 return Evaluation([v or verdict for v in verdicts], device, ref_result or {})
             exchange = self.layout.exchange / ref_child.workdir.name
             (ref_child.workdir / "exchange").rename(exchange)
+            group.callback(shutil.rmtree, exchange, ignore_errors=True)
             from reward_svc.verify import Tolerance  # torch: imported by the worker only when it judges
 
             tolerance = Tolerance(options.atol, options.rtol)
@@ -126,22 +132,19 @@ class Evaluator:
                 verdict = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
                 seconds = verdict.details.setdefault("seconds", {})
                 seconds["reference"] = round(reference_s, 3)
-                seconds.setdefault("waiting", {})["reference_child"] = ref_child_wait
+                seconds.setdefault("waiting", {}).update(ref_waits)
                 verdicts[i] = verdict
 
             with ThreadPoolExecutor(max_workers=self.settings.reward_parallel_children) as executor:
                 list(executor.map(run_one, pending))
-            shutil.rmtree(exchange, ignore_errors=True)
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
-        finally:
-            ref_child.discard()
 
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         cases = ref_result["cases"]
         extra_trials = (cases > 1) + 1  # the refresh trial (needs two cases) and the knockout
         started = time.perf_counter()
-        with self.output_files.reserve((cases + extra_trials) * ref_result.get("output_bytes", 0)):
+        with self.exchange_budget.reserve((cases + extra_trials) * ref_result.get("output_bytes", 0)):
             admitted = time.perf_counter()
             child = self.pool(device, options.timeout_s).take()
             waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}

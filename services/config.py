@@ -50,10 +50,10 @@ class Settings(BaseSettings):
     )
     reward_exchange_max_bytes: int | None = Field(
         default=None, gt=0,
-        description="Trial tensors crossing between children as files, per evaluation's reference (it runs fewer correctness "
-        "cases when they would pass it, but at least two) and across the candidates whose outputs are being written at once "
-        "(a larger one runs alone); unset: a quarter of the scratch filesystem. A KernelBench level-1 case is 13 GB of input "
-        "and output.",
+        description="Trial tensors crossing between children as files: per reference (it runs fewer correctness cases when "
+        "they would pass it, but at least two), across groups (a new reference waits while the files in use pass it) and "
+        "across the candidates whose outputs are being written at once (a larger one runs alone); unset: a quarter of the "
+        "scratch filesystem. A KernelBench level-1 case is 13 GB of input and output.",
     )
     reward_scratch_dir: Path | None = Field(
         default=None,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE
-from reward_svc.admission import ByteBudget
+from reward_svc.admission import ExchangeBudget
 from reward_svc.evaluate import EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.sandbox import ChildPool, Layout
@@ -47,14 +47,14 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     correct, *hacks = evaluation.verdicts
     assert correct.status == "correct", correct.reason
     assert "2 of 3 correctness trials" in correct.details["trials_cut"]
-    assert set(correct.details["seconds"]["waiting"]) == {"admission", "child", "reference_child"}  # where a slow verdict waited
+    assert set(correct.details["seconds"]["waiting"]) == {"admission", "child", "reference_admission", "reference_child"}
     for name, verdict in zip(names, hacks):
         assert not verdict.correct, f"{name}: {verdict.reason}"
         assert verdict.guard in ("decoy_kernel", "conditional_fallback", "cross_call_cache") or verdict.status == "incorrect", name
 
 
 def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> None:
-    budget = ByteBudget(capacity=100)
+    budget = ExchangeBudget(capacity=100)
     running: list[int] = []
     peak: list[int] = []
     lock = threading.Lock()
@@ -76,6 +76,26 @@ def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> Non
     assert not any(t.is_alive() for t in threads)
     assert budget.in_use == 0
     assert all(p <= 100 or p == 250 for p in peak)  # within the budget, or the oversized one alone
+
+
+def test_references_queue_while_the_files_in_use_fill_the_budget_and_candidates_never_wait_for_them() -> None:
+    budget = ExchangeBudget(capacity=100)
+    started = threading.Event()
+
+    def next_reference() -> None:
+        budget.wait_for_room()
+        started.set()
+
+    with budget.hold(60):  # a group's reference files
+        budget.wait_for_room()  # 60 < 100: a second reference may start
+        with budget.hold(70):
+            waiting = threading.Thread(target=next_reference, daemon=True)
+            waiting.start()
+            assert not started.wait(0.3)  # 130 in use: the third waits
+            with budget.reserve(90):  # but a candidate of a running group does not wait for references
+                pass
+        assert started.wait(5)  # 60 in use: room again
+    assert budget.in_use == 0
 
 
 def test_a_scratch_dir_outside_the_data_dir_is_hidden_from_children(kz_env: Callable[..., Settings], tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
     outputs_meta = []
-    output_bytes = 0
+    output_bytes = files_bytes = 0
     noise = None
     case = 0
     with torch.no_grad():
@@ -74,6 +74,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             output_bytes = max(output_bytes, tensors.nbytes(expected))
+            files_bytes += tensors.nbytes((init_inputs, inputs, expected))
             phases.lap("outputs")
             if case == 0:
                 n_cases = cases_within(spec["trials"], tensors.nbytes((inputs, expected)), spec.get("exchange_max_bytes"))
@@ -82,6 +83,7 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "status": "ok",
         "cases": n_cases,
         "output_bytes": output_bytes,
+        "files_bytes": files_bytes,
         "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
