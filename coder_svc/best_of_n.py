@@ -74,7 +74,8 @@ def score_drafts(reference: str, drafts: list[KernelDraft], scorer: Scorer, opti
     reports = [
         CandidateReport(index=i, model=d.model, model_version=d.model_version, source=d.source,
                         declined=d.declined if d.source is None else None,
-                        verdict=verdict_of.get(d.source) if d.source is not None else None, details=d.details)
+                        verdict=verdict_of.get(d.source) if d.source is not None else None,
+                        details={k: v for k, v in d.details.items() if k != "prompt"})  # the result holds it once
         for i, d in enumerate(drafts)
     ]
     return reports, scored
@@ -118,4 +119,6 @@ def best_of_n(generator: KernelGenerator, module_source: str, backend: KernelBac
     """Generate ``sampling.n`` candidates, score them, return the best verified one with every verdict."""
     drafts = generator.generate(module_source, backend, sampling)
     reports, scored = score_drafts(module_source, drafts, scorer, options)
-    return summarize(reports, backend, generator.name, scored)
+    result = summarize(reports, backend, generator.name, scored)
+    result.prompt = next((d.details["prompt"] for d in drafts if "prompt" in d.details), None)
+    return result

@@ -101,7 +101,7 @@ def link_candidates(result: KernelResult, coder_job_id: str) -> None:
             row.model_name = name[:500]  # the column's width; the full version stays in details
             row.model_version_id = result.model_version_id
             row.details = {**(row.details or {}), "coder_job_id": coder_job_id, "draft_indices": drafts[row.source_hash],
-                           "generator": report.details}
+                           "generator": report.details, "prompt": result.prompt}
 
 
 # --- serving model --------------------------------------------------------------------------

@@ -104,6 +104,8 @@ def test_model_switch_reaches_the_next_job(coder_api: str, tmp_path: Path) -> No
             assert response.job_status == "succeeded" and response.result is not None, response
             assert response.result.model_version_id == switched.id
             assert response.result.candidates[0].model == name  # the worker switched its loaded model to the adapter
+            prompt = response.result.prompt  # once per result, not once per candidate
+            assert prompt and prompt[-1]["role"] == "user" and "prompt" not in response.result.candidates[0].details
             seen.append(response.job_id)
     assert seen[0] != seen[1]  # same request under another model is another job
     with session_scope() as session:

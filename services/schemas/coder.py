@@ -83,6 +83,8 @@ class KernelResult(BaseModel):
     correct_fraction: float
     reward_job_id: str | None = None
     model_version_id: str | None = Field(None, description="The serving model version the job used, if one was recorded.")
+    prompt: list[dict[str, str]] | None = Field(
+        None, description="The chat messages the drafts were sampled from, once (an LLM backend; the template has none).")
 
 
 class KernelResponse(BaseModel):
