@@ -3,8 +3,6 @@ public reward hack is caught by the guard meant for its class, through the real 
 
 from __future__ import annotations
 
-import pytest
-
 from reward_cases import CORRECT, HACKS, HEADER, RELU_REFERENCE, candidate
 from reward_svc.evaluate import EvalOptions, Evaluator
 

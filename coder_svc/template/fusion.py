@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from coder_svc.template.graph import Graph, Node, NodeRef, node_refs
+from coder_svc.template.graph import Graph, Node, node_refs
 from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Reduce, Softmax, lower
 from coder_svc.template.triton_ops import supports
 

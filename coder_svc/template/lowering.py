@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from coder_svc.template.graph import Graph, Node, NodeRef, TupleConst
+from coder_svc.template.graph import Node, NodeRef, TupleConst
 
 Operand = Union[str, float, int, bool]
 """A node name (a tensor value) or a Python scalar."""
