@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from services.config import Settings
 from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
 
@@ -73,18 +75,8 @@ class Layout:
         would otherwise leave GBs of trial tensors in the scratch dir (a tmpfs: memory) for good."""
         for path in [*self.jobs.iterdir(), *self.exchange.iterdir()]:
             owner = path.name.split("-", 1)[0]
-            if not (owner.isdigit() and _alive(int(owner))):
+            if not (owner.isdigit() and psutil.pid_exists(int(owner))):
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 @dataclass

@@ -66,12 +66,6 @@ def _meta(value: Any) -> Any:
     return None
 
 
-def _attribute(root: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        root = getattr(root, part)
-    return root
-
-
 def _symbolic_trace(model: Any) -> tuple[Any, set[str]]:
     """The traced module, and the attributes tracing added to the model: fx stores each tensor the
     forward makes from literals as one (``_tensor_constant0``)."""
@@ -143,7 +137,7 @@ def trace(source: str) -> dict[str, Any]:
         if node.op == "get_attr" and node.target in made:
             # a tensor the forward creates from literals (torch.tensor(0.5)): an attribute of the
             # traced module only, so ModelNew gets its value
-            value = _attribute(graph_module, node.target)
+            value = getattr(graph_module, node.target)  # a top-level name: made holds vars() keys
             if not isinstance(value, torch.Tensor) or value.numel() > MAX_CONSTANT_ELEMENTS:
                 return {"error": f"the forward creates a constant {type(value).__name__} too large to write into ModelNew"}
             entry["value"] = _arg(value.tolist())

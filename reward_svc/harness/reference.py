@@ -74,10 +74,11 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             output_bytes = max(output_bytes, tensors.nbytes(expected))
-            files_bytes += tensors.nbytes((init_inputs, inputs, expected))
+            case_bytes = tensors.nbytes((inputs, expected))
+            files_bytes += case_bytes + tensors.nbytes(init_inputs)
             phases.lap("outputs")
             if case == 0:
-                n_cases = cases_within(spec["trials"], tensors.nbytes((inputs, expected)), spec.get("exchange_max_bytes"))
+                n_cases = cases_within(spec["trials"], case_bytes, spec.get("exchange_max_bytes"))
             case += 1
     result: dict[str, Any] = {
         "status": "ok",
