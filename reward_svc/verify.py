@@ -75,22 +75,22 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
         return Verdict("rejected", reason, guard=guard, details={"observations": observations})
 
     max_error = 0.0
-    noise = ref_result.get("rounding_noise")
+    noise = ref_result.get("rounding_noise") or [None] * trials
     for case in range(trials):
-        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt", noise)
+        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt", noise[case])
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     refresh = cand_dir / "output_refresh.pt"
     if refresh.exists():
-        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise)
+        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise[0])
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if knockout.exists():
-        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise)
+        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise[0])
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",

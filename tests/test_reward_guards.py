@@ -121,5 +121,5 @@ def test_an_output_that_is_rounding_noise_is_judged_against_that_noise(evaluator
     centred_sum = candidate("out = torch.empty(x.shape[0], device=x.device)\n"
                             "centred_sum_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=1024)\nreturn out", extra=CENTRED_SUM_KERNEL)
     evaluation = evaluator.evaluate_group(ZERO_UP_TO_ROUNDING_REFERENCE, [centred_sum], EvalOptions(backend="triton", device="cpu"))
-    assert evaluation.reference["rounding_noise"][0] > 0  # measured, since the output looks constant
+    assert all(case[0] > 0 for case in evaluation.reference["rounding_noise"])  # measured per case: the output looks constant
     assert evaluation.verdicts[0].status == "correct", evaluation.verdicts[0].reason
