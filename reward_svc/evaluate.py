@@ -160,11 +160,13 @@ class Evaluator:
             cached = self.builds.lookup(source)
             build = cached or child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
+            fingerprint_key = secrets.randbits(62)  # the judge's check that each output file is what its trial returned
             spec = {
                 "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
                 "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
                 "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
                 "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+                "fingerprint_key": fingerprint_key,
             }
             started = time.perf_counter()
             outcome, result = child.run(spec)
@@ -173,7 +175,8 @@ class Evaluator:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
             started = time.perf_counter()
-            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)))
+            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)),
+                                         fingerprints=result.get("output_fingerprints"), key=fingerprint_key)
             verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:

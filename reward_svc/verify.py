@@ -28,6 +28,9 @@ STRUCTURE_TOLERANCE = 0.05
 NOISE_ULPS = 4
 NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
 FALLBACK_WORK_SHARE = 0.5
+# Outputs up to this size are judged on the host: milliseconds there, and no wait for the device lock
+# (behind a queued timing, seconds on a busy GPU worker) for a comparison the device cannot speed up.
+HOST_JUDGE_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -40,26 +43,65 @@ class Tolerance:
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
+class OutputNotAsWritten(Exception):
+    """A candidate's output file is not what its harness wrote at the end of the trial."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+
+
 class FileComparer:
     """Compares an output file with its expected file where the judge runs. Files are memory-mapped:
     in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in ten times faster than
     ``torch.load`` copies it (0.1-0.2 s against 2 s on the 2-core CI machine); on a GPU only the copy
-    to the device and the arithmetic hold ``lock``. The first expected output stays loaded (the
-    refresh and knockout trials compare against case 0 again), beside the latest one."""
+    to the device and the arithmetic hold ``lock``, and only for outputs above
+    ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
+    stays loaded (the refresh and knockout trials compare against case 0 again), beside the latest one.
+
+    With ``fingerprints`` (name -> what the candidate's harness took under ``key`` when the trial
+    ended), each output must still be those bytes: candidate code that ran after a trial (the next
+    one, timing) may have rewritten its file."""
 
     def __init__(self, tolerance: Tolerance, device: str = "cpu",
-                 lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+                 lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+                 fingerprints: dict[str, list[int]] | None = None, key: int | None = None) -> None:
         self.tolerance, self.device, self.lock = tolerance, device, lock
+        self.key = key
+        self.fingerprints = fingerprints if isinstance(fingerprints, dict) else {}  # read from the child's result: untrusted
         self._loaded: dict[Path, Any] = {}
 
+    def produced(self, output: Path) -> bool:
+        """Whether the trial behind ``output`` ran: its harness says so where it fingerprints (a file
+        deleted later must not pass for a trial that never ran), else the file's presence."""
+        return output.stem in self.fingerprints if self.key is not None else output.exists()
+
     def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> tuple[bool, str, float]:
-        out = tensors.load(output)
+        try:
+            out = tensors.load(output)
+        except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
+            raise OutputNotAsWritten(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
+                                             f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering")) from exc
         ref = None if expected in self._loaded else tensors.load(expected)
-        with self.lock():
+        on_host = self.device == "cpu" or expected.stat().st_size <= HOST_JUDGE_MAX_BYTES  # the same choice for every trial
+        device = "cpu" if on_host else self.device
+        with contextlib.nullcontext() if on_host else self.lock():
             if ref is not None:
                 self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
-                self._loaded[expected] = tensors.to_device(ref, self.device)
-            return compare(tensors.to_device(out, self.device), self._loaded[expected], self.tolerance, noise)
+                self._loaded[expected] = tensors.to_device(ref, device)
+            out = tensors.to_device(out, device)
+            self._check_fingerprint(output.stem, out)
+            return compare(out, self._loaded[expected], self.tolerance, noise)
+
+    def _check_fingerprint(self, name: str, out: Any) -> None:
+        if self.key is None:
+            return
+        recorded = self.fingerprints.get(name)
+        if recorded is None or tensors.fingerprint(out, self.key) != recorded:
+            raise OutputNotAsWritten(Verdict(
+                "rejected", f"the output file of {name} is not what the trial returned: it was "
+                f"{'written by someone other than the harness' if recorded is None else 'rewritten after the trial ended'}",
+                guard="output_tampering"))
 
 
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
@@ -74,6 +116,15 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
         guard, reason = rejection
         return Verdict("rejected", reason, guard=guard, details={"observations": observations})
 
+    try:
+        return _judge_outputs(ref_result, ref_dir, cand_result, cand_dir, trials, compare_files, observations)
+    except OutputNotAsWritten as tampered:
+        tampered.verdict.details["observations"] = observations
+        return tampered.verdict
+
+
+def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
+                   trials: int, compare_files: FileComparer, observations: dict[str, Any]) -> Verdict:
     max_error = 0.0
     noise = ref_result.get("rounding_noise") or [None] * trials
     for case in range(trials):
@@ -83,13 +134,13 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     refresh = cand_dir / "output_refresh.pt"
-    if refresh.exists():
+    if compare_files.produced(refresh):
         ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise[0])
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
-    if knockout.exists():
+    if compare_files.produced(knockout):
         ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise[0])
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "

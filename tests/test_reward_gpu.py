@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuda_cases import CUDA_RELU
-from reward_cases import CORRECT, RELU_REFERENCE, candidate
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.evaluate import EvalOptions, Evaluator
 
 torch = pytest.importorskip("torch")
@@ -32,3 +32,52 @@ def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> Non
         assert verdict.details["timing"]["side_stream_work"] or verdict.speedup < 5
     else:
         assert verdict.guard in ("late_write", None) and verdict.status in ("rejected", "incorrect"), verdict.reason
+
+
+def test_the_public_hacks_are_caught_on_the_gpu_path_too(evaluator: Evaluator) -> None:
+    """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
+    names = list(HACKS)
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [HACKS[n][0] for n in names], EvalOptions(backend="triton", device="cuda")).verdicts
+    failures = []
+    for name, verdict in zip(names, verdicts):
+        expected = HACKS[name][1]
+        acceptable = expected if isinstance(expected, tuple) else (expected,)
+        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable):
+            failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
+    assert not failures, "\n".join(failures)
+
+
+# Native code the static policy cannot read: at its second call (trial 2) the extension flips a byte
+# in the middle of the file trial 1's output was written to (the tensor's data), from its work dir.
+REWRITES_AN_EARLIER_OUTPUT = CUDA_RELU.replace('#include <torch/extension.h>\n', '''#include <torch/extension.h>
+#include <cstdio>
+static int calls = 0;
+static void flip_a_byte_of_the_first_output() {
+    FILE* f = std::fopen("output_0.pt", "r+b");
+    if (!f) return;
+    std::fseek(f, 0, SEEK_END);
+    long middle = std::ftell(f) / 2;
+    std::fseek(f, middle, SEEK_SET);
+    int c = std::fgetc(f);
+    std::fseek(f, middle, SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+}
+''').replace("    auto y = torch::empty_like(x);", "    if (++calls == 2) flip_a_byte_of_the_first_output();\n    auto y = torch::empty_like(x);")
+
+
+def test_an_output_file_rewritten_by_native_code_after_its_trial_is_rejected(evaluator: Evaluator) -> None:
+    assert "flip_a_byte" in REWRITES_AN_EARLIER_OUTPUT
+    verdict = evaluator.evaluate_group(RELU_REFERENCE, [REWRITES_AN_EARLIER_OUTPUT], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
+    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+
+
+def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy() -> None:
+    """The candidate fingerprints its output on the GPU; the judge may check the file on the host."""
+    from reward_svc.harness import tensors
+
+    key = 0x1234_5678_9ABC
+    for value in (torch.randn(40_000_001, device="cuda"),  # several slabs, and a tail
+                  torch.randn(64, 33, device="cuda").half().t(), torch.randint(-5, 5, (999,), device="cuda"),
+                  torch.rand(17, device="cuda") > 0.5):
+        assert tensors.fingerprint(value, key) == tensors.fingerprint(value.cpu(), key), value.dtype

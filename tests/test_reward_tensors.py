@@ -37,3 +37,82 @@ def test_the_judge_reads_case_0_expected_once_for_its_three_comparisons(tmp_path
                 for name in ("expected_0", "expected_1", "expected_0", "expected_0")]
     assert verdicts == [True, False, True, True]
     assert loaded.count("expected_0.pt") == 1 and loaded.count("expected_1.pt") == 1
+
+
+def test_a_fingerprint_changes_with_any_byte_and_with_the_key_not_with_the_layout() -> None:
+    x = torch.randn(300, 7)
+    key = 0x5EED
+    assert tensors.fingerprint(x, key) == tensors.fingerprint(x.clone(), key)
+    assert tensors.fingerprint(x.t(), key) == tensors.fingerprint(x.t().contiguous(), key)  # the values, in order
+    assert tensors.fingerprint(x[1:], key) == tensors.fingerprint(x[1:].clone(), key)  # a view into a larger buffer
+    assert tensors.fingerprint(x, key) != tensors.fingerprint(x, key + 1)
+    for flat_index in (0, 1000, x.numel() - 1):
+        nudged = x.clone().view(-1)
+        nudged[flat_index] = torch.nextafter(nudged[flat_index], torch.tensor(float("inf")))  # one ulp, one element
+        assert tensors.fingerprint(nudged.view_as(x), key) != tensors.fingerprint(x, key)
+    swapped = x.clone().view(-1)
+    swapped[[3, 4]] = swapped[[4, 3]]  # the same bytes in another order
+    assert tensors.fingerprint(swapped.view_as(x), key) != tensors.fingerprint(x, key)
+    long = torch.randn(3 << 16)
+    row = 1 << 16  # the fingerprint lays words out in rows of this length
+    for moved in ([5, 5 + row], [5, 5 + 2 * row]):  # swaps one and two rows apart
+        changed = long.clone()
+        changed[moved] = changed[moved[::-1]]
+        assert tensors.fingerprint(changed, key) != tensors.fingerprint(long, key)
+    rectangle = long.clone().view(torch.int32)  # +1/-1 at the corners of a rectangle: a sum of row and column weights keeps it
+    for position, change in ((7, 1), (9, -1), (7 + row, -1), (9 + row, 1)):
+        rectangle[position] += change
+    assert tensors.fingerprint(rectangle.view(torch.float32), key) != tensors.fingerprint(long, key)
+    odd_bytes = torch.arange(7, dtype=torch.uint8)
+    assert tensors.fingerprint((odd_bytes, torch.tensor(True)), key) != tensors.fingerprint((odd_bytes, torch.tensor(False)), key)
+
+
+def _trial_files(tmp_path: Path, key: int) -> tuple[dict, Path, Path]:
+    """A candidate's work dir as its harness leaves it (two cases, refresh, knockout), and the reference's."""
+    from reward_svc.harness.candidate import TrialOutputs
+
+    ref_dir, cand_dir = tmp_path / "ref", tmp_path / "cand"
+    ref_dir.mkdir(parents=True), cand_dir.mkdir(parents=True)
+    expected = [torch.randn(64), torch.randn(64)]
+    for case, value in enumerate(expected):
+        tensors.save(ref_dir / f"expected_{case}.pt", value)
+    outputs = TrialOutputs(cand_dir, key)
+    for name, value in [("output_0", expected[0]), ("output_1", expected[1]), ("output_refresh", expected[0]),
+                        ("output_knockout", torch.full((64,), float("nan")))]:
+        outputs.write(outputs.take(name, value.clone()))
+    result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
+    return result, ref_dir, cand_dir
+
+
+def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path) -> None:
+    """Trial outputs are written as each trial ends, while candidate code still runs (later trials,
+    timing): a file rewritten, removed or added behind the harness's back is caught by its fingerprint."""
+    from reward_svc import verify
+
+    key = 987654321
+    result, ref_dir, cand_dir = _trial_files(tmp_path, key)
+    ref_result = {"status": "ok", "cases": 2}
+
+    def verdict(fingerprints_key: int = key) -> verify.Verdict:
+        compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=fingerprints_key)
+        return verify.judge(ref_result, ref_dir, result, cand_dir, 2, compare_files)
+
+    assert verdict().status == "correct", verdict().reason
+    assert verdict(key + 1).guard == "output_tampering"  # a fingerprint is only good under its key
+
+    correct_later = torch.load(ref_dir / "expected_1.pt")
+    tensors.save(cand_dir / "output_1.pt", correct_later.clone())  # same bytes again: still what the trial returned
+    assert verdict().status == "correct"
+    tensors.save(cand_dir / "output_1.pt", correct_later + 1e-9)
+    rewritten = verdict()
+    assert rewritten.status == "rejected" and rewritten.guard == "output_tampering" and "rewritten" in rewritten.reason
+
+    result, ref_dir, cand_dir = _trial_files(tmp_path / "knockout", key)
+    (cand_dir / "output_knockout.pt").unlink()  # a decoy hides its knockout: the judge would skip that guard
+    removed = verdict()
+    assert removed.status == "rejected" and removed.guard == "output_tampering" and "missing" in removed.reason
+
+    result, ref_dir, cand_dir = _trial_files(tmp_path / "unrecorded", key)
+    del result["output_fingerprints"]["output_0"]
+    unrecorded = verdict()
+    assert unrecorded.guard == "output_tampering" and "someone other than the harness" in unrecorded.reason

@@ -4,8 +4,10 @@ This process never sees the reference module, its outputs or its input seed. It 
 the verdict needs: the outputs of every trial (judged by the worker), the custom-kernel launches,
 the output of a *knockout* trial (custom kernels' results poisoned), late writes after return,
 input mutation, stray threads, replaced harness functions, changed precision flags.
-Outputs are written only after all candidate code has finished running, then the process exits
-without running finalizers, so nothing the candidate scheduled can rewrite them.
+Each trial's output is written as soon as it is final (one output in host memory at a time: a
+KernelBench level-1 output is 6.4 GB), with a keyed fingerprint taken on the device at that
+moment; the judge checks each file against it, so candidate code that runs later (the next trial,
+timing) cannot rewrite an earlier answer. The process exits without running finalizers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +102,26 @@ def _failure(exc: BaseException, during: str) -> dict[str, Any]:
     return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail}
 
 
-def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (result, outputs to save). The caller saves outputs after every candidate call."""
+class TrialOutputs:
+    """Trial outputs on their way to the judge: each is fingerprinted where it was computed and
+    copied to the host inside the trial's device hold (``take``), then written and let go
+    outside it (``write``)."""
+
+    def __init__(self, workdir: Path, key: int) -> None:
+        self.workdir, self.key = workdir, key
+        self.fingerprints: dict[str, list[int]] = {}
+
+    def take(self, name: str, output: Any) -> tuple[str, Any]:
+        self.fingerprints[name] = tensors.fingerprint(output, self.key)
+        return name, tensors.to_cpu(output)
+
+    def write(self, taken: tuple[str, Any]) -> None:
+        name, host = taken
+        tensors.save(self.workdir / f"{name}.pt", host)
+
+
+def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """The result for ``result.json``; the trials' outputs are in ``workdir`` by then."""
     device = spec["device"]
     exchange = Path(spec["exchange_dir"])
     phases = Phases()
@@ -109,44 +130,52 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
     counter.install_triton()
     _install_compile_hooks(counter, spec)
     baseline_threads = threading.active_count()
-    outputs: dict[str, Any] = {}
+    outputs = TrialOutputs(workdir, spec["fingerprint_key"])
     observations: dict[str, Any] = {"launches_per_case": []}
 
     try:
         module = import_file(Path(spec["candidate_path"]), "kz_candidate")
     except Exception as exc:
-        return _failure(exc, "while importing the candidate"), outputs
+        return _failure(exc, "while importing the candidate")
     if not hasattr(module, "ModelNew"):
-        return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}, outputs
+        return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}
 
     models: dict[int, torch.nn.Module] = {}
     case_args: list[Any] = []
     phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
     lock = spec.get("gpu_lock")
-    try:  # the device is held one call at a time: a timing waiting for it waits for one call, not all
+
+    def trial(name: str, run: Callable[[], Any]) -> None:
+        """One candidate call under the device hold (a timing waiting for the device waits for one
+        call, not all); its output, if any, is written before the next call runs."""
+        with phases.on_device(lock, "trials"):
+            out = run()
+            taken = None if out is None else outputs.take(name, out)
+            del out
+        if taken is not None:
+            outputs.write(taken)
+            phases.lap("outputs")
+
+    try:
         with torch.no_grad():
             for case in range(spec["trials"]):
-                with phases.on_device(lock, "trials"):
-                    out, args = _run_case(module, models, spec, exchange, case, counter, observations, baseline_threads)
-                outputs[f"output_{case}"] = out
-                case_args.append(args)
-            with phases.on_device(lock, "trials"):
-                refreshed = _refresh_trial(module, models, spec, exchange, case_args, counter, observations)
-            if refreshed is not None:  # None: one case, or the cases' inputs differ in shape: no refresh trial
-                outputs["output_refresh"] = refreshed
+                trial(f"output_{case}", lambda: _run_case(module, models, spec, exchange, case, counter, observations,
+                                                          baseline_threads, case_args))
+            # None: one case, or the cases' inputs differ in shape: no refresh trial
+            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, observations))
             if counter.total:
-                with phases.on_device(lock, "trials"):
-                    outputs["output_knockout"] = _knockout_trial(module, models, spec, exchange, counter)
+                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter))
     except Rejection as rejection:
-        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}, outputs
+        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
         if COMPILE_ONLY_MARK in str(exc):
             return {"status": "unverified", "reason": "the CUDA source compiles with nvcc; running it needs a GPU (none here)",
-                    "observations": _finish_observations(observations, counter, snapshot)}, {}
-        return {**_failure(exc, "while running ModelNew"), "observations": observations}, outputs
+                    "observations": _finish_observations(observations, counter, snapshot)}
+        return {**_failure(exc, "while running ModelNew"), "observations": observations}
 
     observations = _finish_observations(observations, counter, snapshot)
-    result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds}
+    result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds,
+                              "output_fingerprints": outputs.fingerprints}
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
         from reward_svc.harness.timing import time_gpu
 
@@ -157,9 +186,9 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> tuple[dict[str, Any], 
             with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
                 result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
         except Exception as exc:
-            return {**_failure(exc, "while timing ModelNew"), "observations": observations}, outputs
+            return {**_failure(exc, "while timing ModelNew"), "observations": observations}
         result["observations"]["replaced_functions"] = snapshot.replaced()
-    return result, outputs
+    return result
 
 
 def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
@@ -176,7 +205,8 @@ def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, 
 
 
 def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int,
-              counter: LaunchCounter, observations: dict[str, Any], baseline_threads: int) -> tuple[Any, Any]:
+              counter: LaunchCounter, observations: dict[str, Any], baseline_threads: int, case_args: list[Any]) -> Any:
+    """One correctness case; its inputs join ``case_args`` (the refresh trial writes into them)."""
     model = _model_for(module, models, spec, exchange, case)
     args = _case_inputs(spec, exchange, case)
     pristine = tensors.clone(args)
@@ -196,7 +226,8 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
         raise Rejection("input_mutation", f"forward modified its input tensor(s) {mutated}")
     if threading.active_count() > baseline_threads:
         raise Rejection("background_thread", "forward left a thread running after it returned")
-    return tensors.to_cpu(out), args
+    case_args.append(args)
+    return out
 
 
 def _settle(device: str) -> None:
@@ -223,7 +254,7 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
         target.copy_(value)
     out = _model_for(module, models, spec, exchange, 0)(*case_args[last])
     _settle(spec["device"])
-    return tensors.to_cpu(out)
+    return out
 
 
 def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter) -> Any:
@@ -245,7 +276,7 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
         counter.knockout = False
         torch.use_deterministic_algorithms(previous[0], warn_only=True)
         deterministic.fill_uninitialized_memory = previous[1]
-    return tensors.to_cpu(out)
+    return out
 
 
 def _finish_observations(observations: dict[str, Any], counter: LaunchCounter, snapshot: IntegritySnapshot) -> dict[str, Any]:

@@ -64,26 +64,18 @@ def main() -> None:
     if spec["role"] == "prime":  # warm-up only: its Triton cache becomes the pool's base layer
         (workdir / "result.json").write_text(json.dumps({"status": "ok"}))
         os._exit(0)
-    from reward_svc.harness import tensors
-
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference
 
-        result, outputs = run_reference(spec, workdir), {}
+        result = run_reference(spec, workdir)
     else:
         from reward_svc.harness.candidate import run_candidate
 
-        result, outputs = run_candidate(spec, workdir)
-    if device == "cuda":  # the outputs are on the host now: the device memory can go back while they are written
-        import torch
-
-        torch.cuda.empty_cache()
-    for name, value in outputs.items():
-        tensors.save(workdir / f"{name}.pt", value)
+        result = run_candidate(spec, workdir)  # its trials' outputs are written by now, each with its fingerprint
     (workdir / "result.json").write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # no finalizers: nothing the candidate left behind runs after its outputs are written
+    os._exit(0)  # no finalizers: nothing the candidate left behind runs after its result is written
 
 
 if __name__ == "__main__":

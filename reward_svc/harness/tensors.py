@@ -94,6 +94,41 @@ def _no_checksums() -> Iterator[None]:
         torch.serialization.set_crc32_options(previous)
 
 
+_FINGERPRINT_ROW = 1 << 16
+_FINGERPRINT_SLAB = 1 << 24  # elements per step (a multiple of the row): int64 temporaries of 128 MiB whatever the size
+
+
+def fingerprint(obj: Any, key: int) -> list[int]:
+    """A keyed checksum of each tensor's bytes, computed where the tensors are (the device, for GPU
+    outputs): the candidate's harness takes it the moment a trial's output is final, the judge again
+    from the file. The words, laid out as rows of 2**16, are summed as ``a^T X b`` with keyed random
+    vectors ``a`` and ``b``: a bilinear form no change to the bytes keeps without knowing them (a
+    sum over position-periodic or additive weights would let swaps or rectangles through).
+    Arithmetic wraps modulo 2**64, so neither the device nor the order of summation changes it."""
+    return [_fingerprint_tensor(t, key) for t in tensors_in(obj)]
+
+
+def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.storage_offset():  # a view into a larger buffer: its bytes may not align to words
+        flat = flat.clone()
+    raw = flat.view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    rows = -(-words.numel() // _FINGERPRINT_ROW)
+    generator = torch.Generator().manual_seed(key)
+    a, b = (torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64).to(t.device)
+            for n in (_FINGERPRINT_ROW, rows))
+    total = torch.zeros((), dtype=torch.int64, device=t.device)
+    for start in range(0, words.numel(), _FINGERPRINT_SLAB):
+        chunk = words[start:start + _FINGERPRINT_SLAB].to(torch.int64)
+        if chunk.numel() % _FINGERPRINT_ROW:  # the tail, padded with zeros (they add nothing)
+            chunk = torch.nn.functional.pad(chunk, (0, _FINGERPRINT_ROW - chunk.numel() % _FINGERPRINT_ROW))
+        block = chunk.view(-1, _FINGERPRINT_ROW)
+        first = start // _FINGERPRINT_ROW
+        total += ((block * a).sum(dim=1) * b[first:first + block.shape[0]]).sum()
+    return int(total) ^ (words.numel() << 8) ^ words.element_size()
+
+
 def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
     """Memory-mapped by default (pages are read when touched; host tensors stay private
     copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``."""
