@@ -14,13 +14,21 @@ Both evaluate the same (problem, candidate) pairs on the same GPU, one after the
   as the worker's threads pool runs them (timing stays exclusive per GPU); the clock starts once
   the worker's pool is warm, as for a worker that was already running when the jobs arrived.
 
+``--group G`` scores G candidates per problem, as an RL pipeline's group (CA-GRPO) or a pass@k
+evaluation does: G launch-configuration variants of the template's kernel (num_warps, block and tile
+caps; each a different source, compiled on its own). Ours evaluates each problem's group in one
+``evaluate_group`` call (one reference run serves the group); KernelBench's script evaluates every
+(problem, sample) pair on its own, as ``eval_from_generations`` does for several samples.
+
+While ours runs, a sampler records the machine's CPU and GPU utilisation and memory (``utilisation``).
+
 Steps:
   prepare  write the template generator's candidates for a problem directory (CPU is fine)
   run      time both evaluators and write ``kernelbench_throughput.json`` to ``--out``
 
     python benchmarks/kernelbench_throughput.py prepare --problems KB/level1 --candidates .bench/cands
     python benchmarks/kernelbench_throughput.py run --problems KB/level1 --candidates .bench/cands \
-        --kernelbench /path/to/KernelBench --out benchmarks/results
+        --kernelbench /path/to/KernelBench --out benchmarks/results [--group 4]
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import argparse
 import json
 import multiprocessing as mp
 import platform
+import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -65,8 +75,80 @@ def prepare(problems: Path, candidates: Path, limit: int) -> None:
     console.print(f"{written} candidates in {candidates}")
 
 
-def pairs(problems: Path, candidates: Path) -> list[tuple[str, str, str]]:
-    return [(c.name, (problems / c.name).read_text(), c.read_text()) for c in sorted(candidates.glob("*.py")) if (problems / c.name).exists()]
+# Launch-configuration knobs the template writes, and the values variant i takes (variant 0: as written).
+_KNOBS = [  # the tile first: the block cap's values must not be read as a tile
+    (re.compile(r"\b2048\b"), ["2048", "4096", "1024", "512"]),
+    (re.compile(r"num_warps=4\b"), ["num_warps=4", "num_warps=8", "num_warps=2", "num_warps=16"]),
+    (re.compile(r"warps = 8 if"), ["warps = 8 if", "warps = 4 if", "warps = 16 if", "warps = 2 if"]),
+    (re.compile(r"min\(1024, max\(16,"), ["min(1024, max(16,", "min(2048, max(16,", "min(512, max(16,", "min(256, max(16,"]),
+]
+
+
+def tuning_variants(source: str, group: int) -> list[str]:
+    """Up to ``group`` distinct sources: the template's kernel under other launch configurations."""
+    variants = []
+    for i in range(group):
+        variant = source
+        for pattern, values in _KNOBS:
+            variant = pattern.sub(values[i % len(values)], variant)
+        if variant not in variants:
+            variants.append(variant)
+    return variants
+
+
+Work = tuple[str, str, list[str]]  # problem file name, reference source, the group's candidate sources
+
+
+def problem_groups(problems: Path, candidates: Path, group: int) -> list[Work]:
+    return [(c.name, (problems / c.name).read_text(), tuning_variants(c.read_text(), group))
+            for c in sorted(candidates.glob("*.py")) if (problems / c.name).exists()]
+
+
+def _sample_name(problem: str, variant: int, group: int) -> str:
+    return problem if group == 1 else f"{problem}#{variant}"
+
+
+class UtilisationSampler:
+    """Once a second, in a thread: CPU busy share, host memory in use, the scratch tmpfs's fill and,
+    where NVML is there, the GPU's busy share and memory. Summarised as mean and peak."""
+
+    def __init__(self, scratch: Path | None) -> None:
+        self.scratch, self.samples = scratch, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> UtilisationSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 (no NVML: CPU figures only)
+            pynvml = gpu = None
+        psutil.cpu_percent()
+        while not self._stop.wait(1.0):
+            sample = {"cpu_pct": psutil.cpu_percent(), "host_mem_gb": psutil.virtual_memory().used / 1e9}
+            if self.scratch is not None and self.scratch.exists():
+                sample["scratch_gb"] = psutil.disk_usage(str(self.scratch)).used / 1e9
+            if gpu is not None:
+                sample["gpu_pct"] = pynvml.nvmlDeviceGetUtilizationRates(gpu).gpu
+                sample["gpu_mem_gb"] = pynvml.nvmlDeviceGetMemoryInfo(gpu).used / 1e9
+            self.samples.append(sample)
+
+    def summary(self) -> dict[str, Any]:
+        keys = sorted({k for s in self.samples for k in s})
+        return {k: {"mean": round(statistics.fmean(s[k] for s in self.samples if k in s), 1),
+                    "max": round(max(s[k] for s in self.samples if k in s), 1)} for k in keys} | {"seconds": len(self.samples)}
 
 
 # ----------------------------------------------------------------------------- KernelBench
@@ -105,15 +187,18 @@ def _checkpoint(rows: list[dict[str, Any]], partial: Path) -> None:
     partial.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
-def run_kernelbench(work: list[tuple[str, str, str]], kernelbench: Path, partial: Path) -> dict[str, Any]:
+def run_kernelbench(work: list[Work], kernelbench: Path, partial: Path, group: int, variant: int | None = None) -> dict[str, Any]:
     """One sample after the other, as their script does on one GPU; resumes from ``partial``, so a
-    set longer than one device call is timed over several (the rate is over the rows' wall times)."""
+    set longer than one device call is timed over several (the rate is over the rows' wall times).
+    ``variant``: only that sample of each group (their rate per sample, without timing every one)."""
     context = mp.get_context("spawn")
-    names = {w[0] for w in work}
+    samples = [(_sample_name(name, i, group), reference, candidate)
+               for name, reference, candidates in work for i, candidate in enumerate(candidates) if variant in (None, i)]
+    names = {s[0] for s in samples}
     rows = [r for r in _load_rows(partial) if r["problem"] in names]
     done = {r["problem"] for r in rows}
     with tempfile.TemporaryDirectory() as build_root:
-        for name, reference, candidate in track([w for w in work if w[0] not in done], description="KernelBench eval", console=console):
+        for name, reference, candidate in track([s for s in samples if s[0] not in done], description="KernelBench eval", console=console):
             t0 = time.perf_counter()
             with context.Pool(1) as pool:
                 try:
@@ -134,7 +219,7 @@ def _load_rows(partial: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(work: list[tuple[str, str, str]], partial: Path, concurrency: int) -> dict[str, Any]:
+def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> dict[str, Any]:
     """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs."""
     from reward_svc.evaluate import EvalOptions, Evaluator, warm_children
 
@@ -144,24 +229,26 @@ def run_ours(work: list[tuple[str, str, str]], partial: Path, concurrency: int) 
     warmed = pool.wait_ready(timeout_s=300)
     rows: list[dict[str, Any]] = []
 
-    def evaluate_one(name: str, reference: str, candidate: str) -> dict[str, Any]:
+    def evaluate_group(name: str, reference: str, candidates: list[str]) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
-        verdict = evaluator.evaluate_group(reference, [candidate], options).verdicts[0]
-        return {"problem": name, "wall_s": round(time.perf_counter() - t0, 3), "status": verdict.status, "correct": verdict.correct,
-                "speedup": verdict.speedup, "reason": verdict.reason[:200], "seconds": verdict.details.get("seconds"),
-                "phases": verdict.details.get("phases")}
+        verdicts = evaluator.evaluate_group(reference, candidates, options).verdicts
+        wall = round(time.perf_counter() - t0, 3)
+        return [{"problem": _sample_name(name, i, group), "group_wall_s": wall, "wall_s": round(wall / len(verdicts), 3),
+                 "status": v.status, "correct": v.correct, "speedup": v.speedup, "reason": v.reason[:200],
+                 "seconds": v.details.get("seconds"), "phases": v.details.get("phases")} for i, v in enumerate(verdicts)]
 
     started = time.perf_counter()
     try:
-        with ThreadPoolExecutor(max_workers=concurrency) as executor:
-            futures = [executor.submit(evaluate_one, *w) for w in work]
+        with UtilisationSampler(evaluator.layout.exchange) as sampler, ThreadPoolExecutor(max_workers=concurrency) as executor:
+            futures = [executor.submit(evaluate_group, *w) for w in work]
             for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
-                rows.append(future.result())
+                rows.extend(future.result())
                 _checkpoint(rows, partial)
     finally:
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
-    summary.update(concurrency=concurrency, warm_children=warm_children(evaluator.settings, "cuda"), pool_warm_at_start=warmed)
+    summary.update(concurrency=concurrency, group=group, warm_children=warm_children(evaluator.settings, "cuda"),
+                   pool_warm_at_start=warmed, utilisation=sampler.summary())
     return summary
 
 
@@ -181,30 +268,32 @@ def main() -> None:
     parser.add_argument("--only", choices=["ours", "kernelbench"], help="time one side only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--concurrency", type=int, help="our groups in flight (default: KZ_REWARD_GPU_CONCURRENCY)")
+    parser.add_argument("--group", type=int, default=1, help="candidates per problem: launch-configuration variants (run step)")
+    parser.add_argument("--variant", type=int, help="KernelBench's side: only this variant of each group")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.problems, args.candidates, args.limit)
         return
-    work = pairs(args.problems, args.candidates)[: args.limit]
+    work = problem_groups(args.problems, args.candidates, args.group)[: args.limit]
     import torch
 
     report: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "machine": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
                                           "cpus": mp.cpu_count()},
-                              "problems": len(work)}
+                              "problems": len(work), "group": args.group}
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only != "kernelbench":
         from services.config import get_settings
 
-        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency)
+        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group)
     if args.only != "ours":
-        report["kernelbench"] = run_kernelbench(work, args.kernelbench, args.out / "kernelbench_rows.jsonl")
+        report["kernelbench"] = run_kernelbench(work, args.kernelbench, args.out / "kernelbench_rows.jsonl", args.group, args.variant)
     if "ours" in report and "kernelbench" in report:
         report["throughput_ratio"] = round(report["ours"]["candidates_per_min"] / report["kernelbench"]["candidates_per_min"], 2)
         theirs = {r["problem"]: r["correct"] for r in report["kernelbench"]["rows"]}
-        report["agreement"] = sum(r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"])
+        report["agreement"] = sum(r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"] if r["problem"] in theirs)
     (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
-    table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates")
+    table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates, groups of {args.group}")
     for column in ("evaluator", "candidates/min", "p50 s", "correct"):
         table.add_column(column)
     for side in ("ours", "kernelbench"):
@@ -213,7 +302,7 @@ def main() -> None:
             table.add_row(side, str(s["candidates_per_min"]), str(s["p50_s"]), f"{s['correct']}/{s['candidates']}")
     console.print(table)
     if "throughput_ratio" in report:
-        console.print(f"throughput ratio {report['throughput_ratio']}x; verdicts agree on {report['agreement']}/{len(work)}")
+        console.print(f"throughput ratio {report['throughput_ratio']}x; verdicts agree on {report['agreement']} samples")
 
 
 if __name__ == "__main__":

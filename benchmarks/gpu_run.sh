@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU runs the reward service's and the Coder's figures come from, as steps of one device call
+# (device time is scarce: put the steps that belong together into one call). On the device
+# machine, in the repo root, with .whl (benchmarks/gpu_wheels.sh) and a KernelBench checkout
+# carried; results go under $OUT (the device tool's return folder) or ./gpu-results.
+#
+#     bash benchmarks/gpu_run.sh tests throughput:1 throughput:4 kernelbench:4 eval:1
+#
+# Steps:
+#   tests          pytest -m gpu (the GPU path: kernels verified and timed, GPU-only hacks)
+#   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
+#   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
+#   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
+#   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
+# Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
+# `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benchmarks/gpu_env.sh || exit 1
+KB=${KB:-.device}
+CANDIDATES=${CANDIDATES:-$KB/cands_l2}
+CONCURRENCY=${CONCURRENCY:-8}
+RESULTS=${OUT:-gpu-results}
+mkdir -p "$RESULTS"
+
+for step in "$@"; do
+    name=${step%%:*}
+    arg=${step#*:}
+    echo "=== $step ($(date -u +%FT%TZ))"
+    case "$name" in
+        tests)
+            python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_reward_gpu.py tests/test_compile.py 2>&1 | tee "$RESULTS/gpu_tests.log" ;;
+        throughput)
+            python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
+                --limit 24 --only ours --concurrency "$CONCURRENCY" --group "$arg" --out "$RESULTS/throughput_g$arg" ;;
+        kernelbench)
+            python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
+                --limit "${KB_LIMIT:-6}" --only kernelbench --kernelbench "$KB" --group "$arg" --variant 1 --out "$RESULTS/kernelbench_g$arg" ;;
+        eval)
+            mkdir -p "$RESULTS/eval"
+            [ -n "${EVAL_RESUME:-}" ] && cp "$EVAL_RESUME" "$RESULTS/eval/samples.jsonl"
+            python3 -m services.cli.main eval --problems "$KB/KernelBench" --levels "$arg" --backend triton --samples 1 \
+                --model-backend template --device cuda --concurrency "${EVAL_CONCURRENCY:-2}" --out "$RESULTS/eval" ;;
+        reward)
+            python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
+        *)
+            echo "gpu_run: unknown step $step" >&2; exit 2 ;;
+    esac
+done
