@@ -5,6 +5,7 @@
 # carried; results go under $OUT (the device tool's return folder) or ./gpu-results.
 #
 #     bash benchmarks/gpu_run.sh tests throughput:1 throughput:4 kernelbench:4 eval:1
+#     bash benchmarks/gpu_run.sh tests@150 throughput:4@240     # step@SECONDS: that step's time limit
 #
 # Steps:
 #   tests          pytest -m gpu (the GPU path: kernels verified and timed, GPU-only hacks)
@@ -21,12 +22,16 @@ KB=${KB:-.device}
 CANDIDATES=${CANDIDATES:-$KB/cands_l2}
 CONCURRENCY=${CONCURRENCY:-8}
 RESULTS=${OUT:-gpu-results}
+PYTHON=$(type -P python3)
 mkdir -p "$RESULTS"
 
 for step in "$@"; do
+    limit=600
+    [[ $step == *@* ]] && limit=${step##*@} step=${step%@*}
     name=${step%%:*}
     arg=${step#*:}
-    echo "=== $step ($(date -u +%FT%TZ))"
+    echo "=== $step, at most ${limit} s ($(date -u +%FT%TZ))"
+    python3() { timeout -s INT -k 15 "$limit" "$PYTHON" "$@"; }  # a step cut short keeps the rows it checkpointed
     case "$name" in
         tests)
             python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_reward_gpu.py tests/test_compile.py 2>&1 | tee "$RESULTS/gpu_tests.log" ;;
