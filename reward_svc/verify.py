@@ -146,6 +146,10 @@ def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
                            guard="decoy_kernel", max_abs_error=_finite(max_error))
+    if observations.get("knockout_path"):
+        return Verdict("rejected", "forward took another path when its kernels' results were tampered with than on the same values "
+                       f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
+                       "the knockout trial", guard="knockout_evasion", max_abs_error=_finite(max_error))
 
     verdict = Verdict("correct", f"matches the reference on {trials} trials (max abs error {max_error:.3g})", max_abs_error=_finite(max_error),
                       details={"observations": observations})

@@ -37,6 +37,13 @@ CORRECT = candidate("return launch_relu(x, torch.empty_like(x))")
 HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # name: (candidate source, the guard or status that must fire, or a tuple of acceptable ones)
     "decoy_scratch_kernel": (candidate("launch_relu(x, torch.empty_like(x))\nreturn torch.clamp(x, min=0)"), "decoy_kernel"),
+    # The kernel's output folded in with weight zero: formally used, numerically irrelevant.
+    "decoy_masked_by_zero": (candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn torch.clamp(x, min=0) + out * 0"),
+                             "decoy_kernel"),
+    # Looks at what its kernel wrote (zeros, from a tensor of sevens) and returns it only once it was tampered with.
+    "decoy_that_detects_the_knockout": (candidate(
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
+        "knockout_evasion"),
     "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
     "try_except_fallback": (candidate(
         "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),
@@ -77,3 +84,15 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "starts_a_thread": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import threading"), "forbidden_import"),
     "dynamic_code": (candidate("return eval('launch_relu')(x, torch.empty_like(x))"), "forbidden_call"),
 }
+
+
+def hacks_not_caught(verdicts: list) -> list[str]:  # type: ignore[type-arg]
+    """For verdicts on the HACKS in their order: each that passed or was caught by another guard
+    than its own (a rejection must also name its guard and say why)."""
+    failures = []
+    for (name, (_, expected)), verdict in zip(HACKS.items(), verdicts):
+        acceptable = expected if isinstance(expected, tuple) else (expected,)
+        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable) or (
+                verdict.status == "rejected" and not (verdict.guard and verdict.reason)):
+            failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
+    return failures

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuda_cases import CUDA_RELU
-from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate, hacks_not_caught
 from reward_svc.evaluate import EvalOptions, Evaluator
 
 torch = pytest.importorskip("torch")
@@ -36,14 +36,9 @@ def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> Non
 
 def test_the_public_hacks_are_caught_on_the_gpu_path_too(evaluator: Evaluator) -> None:
     """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
-    names = list(HACKS)
-    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [HACKS[n][0] for n in names], EvalOptions(backend="triton", device="cuda")).verdicts
-    failures = []
-    for name, verdict in zip(names, verdicts):
-        expected = HACKS[name][1]
-        acceptable = expected if isinstance(expected, tuple) else (expected,)
-        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable):
-            failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
+                                        EvalOptions(backend="triton", device="cuda")).verdicts
+    failures = hacks_not_caught(verdicts)
     assert not failures, "\n".join(failures)
 
 

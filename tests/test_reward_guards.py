@@ -3,25 +3,17 @@ public reward hack is caught by the guard meant for its class, through the real 
 
 from __future__ import annotations
 
-from reward_cases import CORRECT, HACKS, HEADER, RELU_REFERENCE, candidate
+from reward_cases import CORRECT, HACKS, HEADER, RELU_REFERENCE, candidate, hacks_not_caught
 from reward_svc.evaluate import EvalOptions, Evaluator
 
 
 def test_correct_triton_kernel_passes_and_hacks_are_caught(evaluator: Evaluator) -> None:
-    names = list(HACKS)
-    sources = [CORRECT] + [HACKS[n][0] for n in names]
+    sources = [CORRECT] + [source for source, _ in HACKS.values()]
     evaluation = evaluator.evaluate_group(RELU_REFERENCE, sources, EvalOptions(backend="triton", device="cpu", timeout_s=120))
     correct, *verdicts = evaluation.verdicts
     assert correct.status == "correct", correct.reason
     assert correct.speedup is None and "not measured" in correct.reason
-    failures = []
-    for name, verdict in zip(names, verdicts):
-        expected = HACKS[name][1]
-        acceptable = expected if isinstance(expected, tuple) else (expected,)
-        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable):
-            failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
-        elif verdict.status == "rejected":
-            assert verdict.guard and verdict.reason, name
+    failures = hacks_not_caught(verdicts)
     assert not failures, "\n".join(failures)
 
 

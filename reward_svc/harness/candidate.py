@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +161,12 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             for case in range(spec["trials"]):
                 trial(f"output_{case}", lambda: _run_case(module, models, spec, exchange, case, counter, observations,
                                                           baseline_threads, case_args))
+            paths: dict[str, list[str]] = {}
             # None: one case, or the cases' inputs differ in shape: no refresh trial
-            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, observations))
+            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths))
             if counter.total:
-                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter))
+                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths))
+                observations["knockout_path"] = _compare_paths(paths)
     except Rejection as rejection:
         return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
@@ -239,8 +241,30 @@ def _settle(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False) -> Iterator[None]:
+    """The conditions of the two replays of case 0's values (refresh and knockout): deterministic
+    algorithms, uninitialised memory filled with NaN, and the path forward takes recorded, so the
+    two can be told apart only by the knockout's poison."""
+    import torch.utils.deterministic as deterministic
+
+    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    recorder = OpRecorder()
+    counter.recorder, counter.knockout = recorder, knockout
+    try:
+        with recorder:
+            yield
+    finally:
+        counter.recorder, counter.knockout = None, False
+        torch.use_deterministic_algorithms(previous[0], warn_only=True)
+        deterministic.fill_uninitialized_memory = previous[1]
+        paths[name] = recorder.path
+
+
 def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case_args: list[Any],
-                   counter: LaunchCounter, observations: dict[str, Any]) -> Any:
+                   counter: LaunchCounter, paths: dict[str, list[str]]) -> Any:
     """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
     tensor identity, address or shape."""
     last = len(case_args) - 1
@@ -252,31 +276,36 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
         return None
     for target, value in zip(targets, fresh):
         target.copy_(value)
-    out = _model_for(module, models, spec, exchange, 0)(*case_args[last])
-    _settle(spec["device"])
+    model = _model_for(module, models, spec, exchange, 0)
+    with _replay(counter, paths, "refresh"):
+        out = model(*case_args[last])
+        _settle(spec["device"])
     return out
 
 
-def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter) -> Any:
+def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter,
+                    paths: dict[str, list[str]]) -> Any:
     """Run case 0 once more with every custom kernel's writes poisoned and uninitialised memory
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
     remembered from the first call, a cache keyed on the inputs' values)."""
     model = _model_for(module, models, spec, exchange, 0)
     args = _case_inputs(spec, exchange, 0)
-    import torch.utils.deterministic as deterministic
-
-    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    deterministic.fill_uninitialized_memory = True
-    counter.knockout = True
-    try:
+    with _replay(counter, paths, "knockout", knockout=True):
         out = model(*args)
         _settle(spec["device"])
-    finally:
-        counter.knockout = False
-        torch.use_deterministic_algorithms(previous[0], warn_only=True)
-        deterministic.fill_uninitialized_memory = previous[1]
     return out
+
+
+def _compare_paths(paths: dict[str, list[str]]) -> str | None:
+    """Where the knockout took another path than the refresh trial on the same values: a forward
+    that looks at what its kernels wrote and, finding it tampered with, hides. None: same path, or
+    no refresh trial to compare with."""
+    refresh, knockout = paths.get("refresh"), paths.get("knockout")
+    if refresh is None or knockout is None or refresh == knockout:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(refresh, knockout)) if a != b), min(len(refresh), len(knockout)))
+    return (f"after {', '.join(refresh[max(0, at - 3):at]) or 'the start'}: {', '.join(refresh[at:at + 3]) or 'returned'} "
+            f"on clean values, {', '.join(knockout[at:at + 3]) or 'returned'} in the knockout")
 
 
 def _finish_observations(observations: dict[str, Any], counter: LaunchCounter, snapshot: IntegritySnapshot) -> dict[str, Any]:

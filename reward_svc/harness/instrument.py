@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,18 +42,33 @@ def is_compute_op(name: str) -> bool:
 
 class OpRecorder(TorchDispatchMode):
     """Each aten op the forward ran, with how many calls and how many input elements it processed
-    (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch)."""
+    (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch),
+    and ``path``: the compute ops and custom launches (``LaunchCounter`` adds those) in the order
+    they ran, the harness's own work inside a launch excluded (``harness_work``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: Counter[str] = Counter()
         self.elements: Counter[str] = Counter()
+        self.path: list[str] = []
+        self._harness_depth = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func.overloadpacket.__name__
-        self.calls[name] += 1
-        self.elements[name] += sum(t.numel() for t in tensors.tensors_in((args, kwargs or {})))
+        if not self._harness_depth:
+            self.calls[name] += 1
+            self.elements[name] += sum(t.numel() for t in tensors.tensors_in((args, kwargs or {})))
+            if is_compute_op(name):
+                self.path.append(name)
         return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def harness_work(self) -> Iterator[None]:
+        self._harness_depth += 1
+        try:
+            yield
+        finally:
+            self._harness_depth -= 1
 
     def compute_ops(self) -> dict[str, dict[str, int]]:
         return {name: {"calls": n, "elements": self.elements[name]} for name, n in sorted(self.calls.items()) if is_compute_op(name)}
@@ -64,6 +80,7 @@ class LaunchCounter:
         self.failures: Counter[str] = Counter()
         self.knockout = False
         self.poisoned = 0
+        self.recorder: OpRecorder | None = None  # while set, launches join its path
 
     @property
     def total(self) -> int:
@@ -72,20 +89,26 @@ class LaunchCounter:
     def around(self, label: str, call: Callable[[], Any], args: Any, kwargs: Any) -> Any:
         """Count one launch; in knockout mode, poison every tensor it wrote and returned."""
         self.launches[label] += 1
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.path.append(f"launch:{label}")
         if not self.knockout:
             return self._call(label, call)
+        harness_work = recorder.harness_work if recorder is not None else contextlib.nullcontext
         inputs = tensors.tensors_in((args, kwargs))
-        before = [t.clone() for t in inputs]
+        with harness_work():
+            before = [t.clone() for t in inputs]
         result = self._call(label, call)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        for t, old in zip(inputs, before):
-            if not tensors.same_bits(t, old):
+        with harness_work():
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            for t, old in zip(inputs, before):
+                if not tensors.same_bits(t, old):
+                    tensors.poison_(t)
+                    self.poisoned += 1
+            for t in tensors.tensors_in(result):
                 tensors.poison_(t)
                 self.poisoned += 1
-        for t in tensors.tensors_in(result):
-            tensors.poison_(t)
-            self.poisoned += 1
         return result
 
     def _call(self, label: str, call: Callable[[], Any]) -> Any:
