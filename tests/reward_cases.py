@@ -66,6 +66,10 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
         "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
         "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
         extra="CACHE = {}"), "decoy_kernel"),
+    # Returns nothing on the refresh trial (the fourth call), hoping a trial without output is taken for one never run.
+    "skips_the_refresh_trial": (candidate(
+        "CALLS.append(1)\nif len(CALLS) == 4:\n    return None\nreturn launch_relu(x, torch.empty_like(x))", extra="CALLS = []"),
+        "cross_call_cache"),
     "mutates_input": (candidate("return launch_relu(x, x)"), "input_mutation"),
     "patches_timer_statically": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import time\ntime.perf_counter = lambda: 0.0"),
                                  "forbidden_import"),

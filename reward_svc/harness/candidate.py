@@ -29,6 +29,7 @@ from reward_svc.harness.loading import Phases, device_released, import_file
 from reward_svc.harness.reference import build_model
 
 COMPILE_ONLY_MARK = "compiled only"
+SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
 
 
 class Rejection(Exception):
@@ -147,10 +148,11 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     def trial(name: str, run: Callable[[], Any]) -> None:
         """One candidate call under the device hold (a timing waiting for the device waits for one
-        call, not all); its output, if any, is written before the next call runs."""
+        call, not all); its output is written before the next call runs. Whatever forward
+        returned is its output, None too: only the harness skips a trial (``SKIPPED``)."""
         with phases.on_device(lock, "trials"):
             out = run()
-            taken = None if out is None else outputs.take(name, out)
+            taken = None if out is SKIPPED else outputs.take(name, out)
             del out
         if taken is not None:
             outputs.write(taken)
@@ -162,7 +164,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                 trial(f"output_{case}", lambda: _run_case(module, models, spec, exchange, case, counter, observations,
                                                           baseline_threads, case_args))
             paths: dict[str, list[str]] = {}
-            # None: one case, or the cases' inputs differ in shape: no refresh trial
+            # skipped where there is one case, or the cases' inputs differ in shape
             trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths))
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths))
@@ -269,11 +271,11 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     tensor identity, address or shape."""
     last = len(case_args) - 1
     if last == 0:  # one trial asked for: the same values in the same tensors test nothing
-        return None
+        return SKIPPED
     targets = tensors.tensors_in(case_args[last])
     fresh = tensors.tensors_in(_case_inputs(spec, exchange, 0))
     if [t.shape for t in targets] != [t.shape for t in fresh]:
-        return None
+        return SKIPPED
     for target, value in zip(targets, fresh):
         target.copy_(value)
     model = _model_for(module, models, spec, exchange, 0)

@@ -117,7 +117,9 @@ def fingerprint(obj: Any, key: int) -> list[int]:
 
 
 def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
-    flat = t.detach().contiguous().reshape(-1)
+    if t.layout != torch.strided:  # sparse and kin: their values, as the judge would compare them
+        t = t.to_dense()
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)  # lazy conj/neg views have no bytes of their own
     if flat.storage_offset():  # a view into a larger buffer: its bytes may not align to words
         flat = flat.clone()
     raw = flat.view(torch.uint8)
