@@ -43,8 +43,9 @@ class Tolerance:
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
-class OutputNotAsWritten(Exception):
-    """A candidate's output file is not what its harness wrote at the end of the trial."""
+class EarlyVerdict(Exception):
+    """A comparison that ends the judging with a verdict of its own: an output file that is not what
+    its trial returned, or one that cannot be compared at all."""
 
     def __init__(self, verdict: Verdict) -> None:
         super().__init__(verdict.reason)
@@ -57,7 +58,8 @@ class FileComparer:
     ``torch.load`` copies it (0.1-0.2 s against 2 s on the 2-core CI machine); on a GPU only the copy
     to the device and the arithmetic hold ``lock``, and only for outputs above
     ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
-    stays loaded (the refresh and knockout trials compare against case 0 again), beside the latest one.
+    stays mapped (the refresh and knockout trials compare against case 0 again), beside the latest
+    one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB).
 
     With ``fingerprints`` (name -> what the candidate's harness took under ``key`` when the trial
     ended), each output must still be those bytes: candidate code that ran after a trial (the next
@@ -80,25 +82,33 @@ class FileComparer:
         try:
             out = tensors.load(output)
         except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
-            raise OutputNotAsWritten(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
-                                             f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering")) from exc
-        ref = None if expected in self._loaded else tensors.load(expected)
+            raise EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
+                                       f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering")) from exc
+        if expected not in self._loaded:
+            self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
+            self._loaded[expected] = tensors.load(expected)
         on_host = self.device == "cpu" or expected.stat().st_size <= HOST_JUDGE_MAX_BYTES  # the same choice for every trial
         device = "cpu" if on_host else self.device
-        with contextlib.nullcontext() if on_host else self.lock():
-            if ref is not None:
-                self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
-                self._loaded[expected] = tensors.to_device(ref, device)
-            out = tensors.to_device(out, device)
-            self._check_fingerprint(output.stem, out)
-            return compare(out, self._loaded[expected], self.tolerance, noise)
+        try:
+            with contextlib.nullcontext() if on_host else self.lock():
+                out = tensors.to_device(out, device)
+                self._check_fingerprint(output.stem, out)
+                return compare(out, tensors.to_device(self._loaded[expected], device), self.tolerance, noise)
+        except EarlyVerdict:
+            raise
+        except torch.OutOfMemoryError as exc:
+            raise EarlyVerdict(Verdict("runtime_error", f"not judged: the judge ran out of {device} memory comparing "
+                                       f"{output.stem} (the device is shared with other evaluations; try again)")) from exc
+        except Exception as exc:  # noqa: BLE001 (a tensor that loads but cannot be compared: the candidate's verdict)
+            raise EarlyVerdict(Verdict("incorrect", f"{output.stem} cannot be compared with the reference's output: "
+                                       f"{type(exc).__name__}: {exc}"[:500])) from exc
 
     def _check_fingerprint(self, name: str, out: Any) -> None:
         if self.key is None:
             return
         recorded = self.fingerprints.get(name)
         if recorded is None or tensors.fingerprint(out, self.key) != recorded:
-            raise OutputNotAsWritten(Verdict(
+            raise EarlyVerdict(Verdict(
                 "rejected", f"the output file of {name} is not what the trial returned: it was "
                 f"{'written by someone other than the harness' if recorded is None else 'rewritten after the trial ended'}",
                 guard="output_tampering"))
@@ -118,9 +128,9 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
 
     try:
         return _judge_outputs(ref_result, ref_dir, cand_result, cand_dir, trials, compare_files, observations)
-    except OutputNotAsWritten as tampered:
-        tampered.verdict.details["observations"] = observations
-        return tampered.verdict
+    except EarlyVerdict as early:
+        early.verdict.details["observations"] = observations
+        return early.verdict
 
 
 def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
