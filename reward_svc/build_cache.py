@@ -8,6 +8,7 @@ child may be loading it. ``triton-base`` (Triton's own stubs, sandbox.py) is nev
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -40,11 +41,7 @@ class BuildCache:
 
     def publish(self, build: Path, source: str) -> None:
         """Move a child's build in; a concurrent publisher of the same source wins. Then keep the cap."""
-        try:
-            build.rename(self.path_for(source))
-        except OSError:
-            return
-        if time.monotonic() - self._last_check >= self.check_every_s:
+        if publish_dir(build, self.path_for(source)) and time.monotonic() - self._last_check >= self.check_every_s:
             self.evict()
 
     def evict(self) -> list[str]:
@@ -67,6 +64,27 @@ class BuildCache:
                 total -= size
                 evicted.append(path.name)
             return evicted
+
+
+def publish_dir(source: Path, target: Path) -> bool:
+    """Put ``source`` in place as ``target`` all at once, or not at all if ``target`` exists (a
+    concurrent publisher won). A rename where both are on one filesystem; else (children's dirs on a
+    tmpfs scratch, the cache on disk) a copy beside ``target``, renamed there."""
+    try:
+        source.rename(target)
+        return True
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            return False
+    staging = target.parent / f".publishing-{uuid.uuid4().hex}"
+    try:
+        shutil.copytree(source, staging, symlinks=True)
+        staging.rename(target)
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _size(path: Path) -> int:

@@ -32,6 +32,7 @@ import psutil
 
 from services.config import Settings
 from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
+from reward_svc.build_cache import publish_dir
 
 
 REWARD_CHILD = "reward_svc.harness.child"
@@ -137,10 +138,7 @@ class ChildPool:
         try:
             _, result = child.run({"role": "prime"})
             if result and result.get("status") == "ok" and (child.workdir / "triton").is_dir():
-                try:
-                    (child.workdir / "triton").rename(self.triton_base)
-                except OSError:
-                    pass  # another worker published it first
+                publish_dir(child.workdir / "triton", self.triton_base)  # False: another worker published it first
         finally:
             child.discard()
 

@@ -4,10 +4,13 @@ within the cap and never touches a build in use or Triton's base layer."""
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
-from reward_svc.build_cache import BuildCache
+import pytest
+
+from reward_svc.build_cache import BuildCache, publish_dir
 
 
 def _build(root: Path, name: str, size: int) -> Path:
@@ -68,3 +71,26 @@ def test_publishing_keeps_the_cap(tmp_path: Path) -> None:
     _age(cache.path_for("first"), 100)
     cache.publish(_build(tmp_path / "w2", "b", 100), "second")
     assert cache.lookup("first") is None and cache.lookup("second") is not None
+
+
+SHM = Path("/dev/shm")
+
+
+@pytest.mark.skipif(not SHM.is_dir() or SHM.stat().st_dev == Path(tempfile.gettempdir()).stat().st_dev,
+                    reason="needs /dev/shm on another filesystem than the temp dir")
+def test_a_build_from_a_tmpfs_scratch_dir_is_published_to_a_cache_on_disk(tmp_path: Path) -> None:
+    """GPU workers keep children's dirs on a tmpfs (KZ_REWARD_SCRATCH_DIR) and the cache on disk: a
+    rename across them fails (EXDEV), which left every build, and Triton's base layer, unpublished."""
+    cache = BuildCache(tmp_path / "cache", max_bytes=10_000)
+    cache.root.mkdir()
+    with tempfile.TemporaryDirectory(dir=SHM) as scratch:
+        build = _build(Path(scratch), "build", 10)
+        (build / "triton").mkdir()
+        (build / "triton" / "kernel.cubin").write_bytes(b"cubin")
+        cache.publish(build, "src")
+        found = cache.lookup("src")
+        assert found is not None and (found / "triton" / "kernel.cubin").read_bytes() == b"cubin"
+        assert not list(cache.root.parent.glob(".publishing-*"))  # no staging copy left behind
+        second = _build(Path(scratch), "again", 20)
+        assert not publish_dir(second, cache.path_for("src"))  # the first build stays
+        assert (found / "lib.so").read_bytes() == b"x" * 10
