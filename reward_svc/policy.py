@@ -27,9 +27,19 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "f_locals", "f_code", "gi_frame", "cr_frame", "tb_frame", "_getframe", "settrace", "setprofile",
     "modules", "__reduce__", "__reduce_ex__",
 })
-# Parts of torch that reach into the dispatcher, the C core or other processes.
+# Parts of torch that reach into the dispatcher, the C core or other processes (torch.library
+# re-implements aten operators for the whole process, the harness's own included).
 FORBIDDEN_TORCH_PARTS = ("torch._C", "torch.multiprocessing", "torch.utils._python_dispatch", "torch.overrides",
-                         "torch.distributed", "torch._dynamo")
+                         "torch.distributed", "torch._dynamo", "torch.library")
+# Modules the allowed ones carry as attributes (``torch.sys``, ``np.os``): reached that way, they
+# bypass the import allow-list.
+MODULE_ATTRIBUTES = frozenset({
+    "sys", "os", "builtins", "importlib", "subprocess", "ctypes", "gc", "inspect", "threading", "_thread",
+    "multiprocessing", "pickle", "shutil", "socket", "pathlib", "tempfile", "atexit", "marshal", "weakref", "io",
+})
+# Methods that write or map files, on whatever object (``x.numpy().tofile(path)``).
+FILE_IO_METHODS = frozenset({"tofile", "fromfile", "dump", "from_file", "memmap", "_share_filename_cpu_",
+                             "_new_shared_filename_cpu", "_share_fd_cpu_", "_new_shared_fd_cpu"})
 SETTABLE_TORCH_FLAGS = frozenset({"torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic"})
 OS_ALLOWED = frozenset({"environ", "path", "getenv", "cpu_count"})
 FILE_IO_FUNCTIONS = frozenset({"save", "load", "tofile", "fromfile", "savetxt", "loadtxt", "savez", "memmap", "from_file"})
@@ -50,7 +60,8 @@ class PolicyViolation:
 class _Checker(ast.NodeVisitor):
     def __init__(self) -> None:
         self.violations: list[PolicyViolation] = []
-        self.module_aliases: set[str] = set()
+        self.module_aliases: set[str] = set()  # every imported name
+        self.modules: set[str] = set()  # names ``import`` bound to a module
         self.file_io_modules: set[str] = set()  # aliases of torch and numpy, which can save and load
 
     def _flag(self, guard: str, node: ast.AST, detail: str) -> None:
@@ -67,6 +78,7 @@ class _Checker(ast.NodeVisitor):
             self._check_module(alias.name, node)
             local = (alias.asname or alias.name).split(".")[0]
             self.module_aliases.add(local)
+            self.modules.add(local)
             if alias.name.split(".")[0] in ("torch", "numpy") and (alias.asname is None or "." not in alias.name):
                 self.file_io_modules.add(local)
         self.generic_visit(node)
@@ -88,12 +100,16 @@ class _Checker(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:
             self._flag("forbidden_call", node, f"calls {func.id}()")
-        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr") and node.args:
+        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr", "hasattr") and node.args:
             target = node.args[0]
             if isinstance(target, ast.Name) and target.id in self.module_aliases:
                 self._flag("harness_tampering", node, f"{func.id}() on module '{target.id}'")
-            if func.id == "getattr" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
-                self._flag("forbidden_call", node, "getattr() with a computed attribute name")
+            if len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
+                self._flag("forbidden_call", node, f"{func.id}() with a computed attribute name")
+            elif len(node.args) > 1:  # getattr(x, "name") reaches what x.name does: the same rules
+                self._check_attribute_name(str(node.args[1].value), node, store=func.id == "setattr")
+            if func.id == "setattr":
+                self._flag("harness_tampering", node, "setattr(): attributes are set by assignment, where the policy can read them")
         name = _dotted(func)
         if name:
             parts = name.split(".")
@@ -105,10 +121,24 @@ class _Checker(ast.NodeVisitor):
                 self._flag("precision_downgrade", node, f"calls {name}(), lowering the precision of the computation")
         self.generic_visit(node)
 
+    def _check_attribute_name(self, attr: str, node: ast.AST, *, store: bool = False) -> bool:
+        """The rules on an attribute's name alone, whatever it is read from; True if one fired."""
+        if attr in FORBIDDEN_ATTRIBUTES:
+            self._flag("harness_tampering", node, f"accesses .{attr}")
+        elif attr in MODULE_ATTRIBUTES:
+            self._flag("forbidden_import", node, f"reaches the module '{attr}' as an attribute, past the import allow-list")
+        elif attr in FILE_IO_METHODS:
+            self._flag("forbidden_call", node, f"uses .{attr}: a kernel reads and writes no files")
+        elif store and attr in PRECISION_SETTERS:
+            self._flag("precision_downgrade", node, f"sets {attr}, lowering the precision of the computation")
+        else:
+            return False
+        return True
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         dotted = _dotted(node)
-        if node.attr in FORBIDDEN_ATTRIBUTES:
-            self._flag("harness_tampering", node, f"accesses .{node.attr}")
+        if self._check_attribute_name(node.attr, node):
+            pass
         elif dotted and _is_forbidden_torch_part(dotted) and not isinstance(node.ctx, ast.Store):
             self._flag("harness_tampering", node, f"uses {dotted}, which reaches into torch's dispatcher or core")
         if isinstance(node.ctx, ast.Store) and dotted not in SETTABLE_TORCH_FLAGS:
@@ -123,6 +153,16 @@ class _Checker(ast.NodeVisitor):
         if node.id in ("__builtins__", "__loader__", "__spec__"):
             self._flag("harness_tampering", node, f"uses {node.id}")
         self.generic_visit(node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        """A module is only ever the base of an attribute or the callee: passed around as a value
+        (``T = torch``, ``f(np)``, ``[triton]``) its attributes escape every rule above."""
+        for field, value in ast.iter_fields(node):
+            for child in value if isinstance(value, list) else [value]:
+                if (isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in self.modules
+                        and not (isinstance(node, ast.Attribute) and field == "value")):
+                    self._flag("harness_tampering", child, f"uses the module '{child.id}' as a value: modules are reached through their attributes")
+        super().generic_visit(node)
 
 
 def _is_forbidden_torch_part(name: str) -> bool:

@@ -87,6 +87,16 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "walks_the_heap": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import gc"), "forbidden_import"),
     "starts_a_thread": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import threading"), "forbidden_import"),
     "dynamic_code": (candidate("return eval('launch_relu')(x, torch.empty_like(x))"), "forbidden_call"),
+    # Ways around the import allow-list and the file rules that an attribute or an alias opens.
+    "modules_through_getattr": (candidate("return launch_relu(x, torch.empty_like(x))",
+                                          extra="MODULES = getattr(torch.sys, 'modules')"), ("harness_tampering", "forbidden_import")),
+    "os_as_an_attribute": (candidate("return launch_relu(x, torch.empty_like(x))", extra="HERE = torch.os.getcwd()"), "forbidden_import"),
+    "saves_through_an_alias": (candidate("T.save(x, 'output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))", extra="T = torch"),
+                               "harness_tampering"),
+    "writes_a_file_from_an_array": (candidate("x.numpy().tofile('output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))"),
+                                    "forbidden_call"),
+    "reimplements_an_aten_op": (candidate("return launch_relu(x, torch.empty_like(x))",
+                                          extra="LIB = torch.library.Library('aten', 'IMPL')"), "harness_tampering"),
 }
 
 
