@@ -142,9 +142,10 @@ class Evaluator:
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         cases = ref_result["cases"]
-        extra_trials = (cases > 1) + 1  # the refresh trial (needs two cases) and the knockout
+        # the refresh trial (needs two cases), the knockout and, where it is timed, the last timed call
+        extra_outputs = (cases > 1) + 1 + (options.measure_speed and device == "cuda")
         started = time.perf_counter()
-        with self.exchange_budget.reserve((cases + extra_trials) * ref_result.get("output_bytes", 0)):
+        with self.exchange_budget.reserve((cases + extra_outputs) * ref_result.get("output_bytes", 0)):
             admitted = time.perf_counter()
             child = self.pool(device, options.timeout_s).take()
             waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}

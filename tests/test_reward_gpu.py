@@ -76,3 +76,14 @@ def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy
                   torch.randn(64, 33, device="cuda").half().t(), torch.randint(-5, 5, (999,), device="cuda"),
                   torch.rand(17, device="cuda") > 0.5):
         assert tensors.fingerprint(value, key) == tensors.fingerprint(value.cpu(), key), value.dtype
+
+
+# Counts its calls: right in the five trials (three cases, refresh, knockout), an empty answer once
+# timing runs case 0 over and over.
+FAST_WHEN_TIMED = candidate("CALLS.append(1)\nif len(CALLS) > 5:\n    return torch.empty_like(x)\nreturn launch_relu(x, torch.empty_like(x))",
+                            extra="CALLS = []")
+
+
+def test_a_forward_that_computes_less_while_timed_is_rejected(evaluator: Evaluator) -> None:
+    verdict = evaluator.evaluate_group(RELU_REFERENCE, [FAST_WHEN_TIMED], EvalOptions(backend="triton", device="cuda")).verdicts[0]
+    assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason

@@ -122,3 +122,30 @@ def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path
     del result["output_fingerprints"]["output_0"]
     unrecorded = verdict()
     assert unrecorded.guard == "output_tampering" and "someone other than the harness" in unrecorded.reason
+
+
+def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Path) -> None:
+    """Timing runs case 0 again and again after the trials: the last timed call's output is judged
+    too, so a forward that counts its calls and computes less once timing starts does not pay."""
+    from reward_svc import verify
+    from reward_svc.harness.candidate import TrialOutputs
+
+    key = 4242
+    result, ref_dir, cand_dir = _trial_files(tmp_path, key)
+    result["timing"] = {"median_ms": 0.001}
+    ref_result = {"status": "ok", "cases": 2, "timing": {"median_ms": 1.0}}
+    outputs = TrialOutputs(cand_dir, key)
+    outputs.fingerprints = result["output_fingerprints"]
+
+    def verdict() -> verify.Verdict:
+        compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=key)
+        return verify.judge(ref_result, ref_dir, result, cand_dir, 2, compare_files)
+
+    missing = verdict()  # timed, but no output of the timed calls
+    assert missing.status == "rejected" and missing.guard == "timing_evasion", missing.reason
+    outputs.write(outputs.take("output_timed", torch.zeros(64)))
+    cut_corners = verdict()
+    assert cut_corners.status == "rejected" and cut_corners.guard == "timing_evasion", cut_corners.reason
+    outputs.write(outputs.take("output_timed", torch.load(ref_dir / "expected_0.pt")))
+    honest = verdict()
+    assert honest.status == "correct" and honest.speedup == 1000.0, honest.reason

@@ -1,7 +1,8 @@
 """The candidate role: import ``ModelNew``, run it on the reference's inputs, record evidence, time it.
 
 This process never sees the reference module, its outputs or its input seed. It records what
-the verdict needs: the outputs of every trial (judged by the worker), the custom-kernel launches,
+the verdict needs: the outputs of every trial (judged by the worker) and of the last timed call
+(a forward that knows it is being timed must still compute), the custom-kernel launches,
 the output of a *knockout* trial (custom kernels' results poisoned), late writes after return,
 input mutation, stray threads, replaced harness functions, changed precision flags.
 Each trial's output is written as soon as it is final (one output in host memory at a time: a
@@ -184,11 +185,19 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         from reward_svc.harness.timing import time_gpu
 
         model = models[spec["weight_seeds"][0]]
+        latest: list[Any] = [None]  # the last timed call's output: judged against case 0 like a trial's
+
+        def timed_call() -> None:
+            latest[0] = model(*args)
+
         try:
             with phases.on_device(lock, "timing_setup"):  # the copy to the device: shared, as the reference's
                 args = _case_inputs(spec, exchange, 0)
             with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
-                result["timing"] = time_gpu(lambda: model(*args), budget_s=spec.get("timing_budget_s", 10.0))
+                result["timing"] = time_gpu(timed_call, budget_s=spec.get("timing_budget_s", 10.0))
+                taken = outputs.take("output_timed", latest[0])
+            latest[0] = None
+            outputs.write(taken)
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}
         result["observations"]["replaced_functions"] = snapshot.replaced()
