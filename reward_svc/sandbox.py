@@ -1,8 +1,9 @@
 """Evaluation children: sandbox policy, a warm pool, and the files each child may see.
 
 Layout under ``<data_dir>/reward`` (``jobs/`` and ``exchange/`` under ``KZ_REWARD_SCRATCH_DIR`` when set):
-  jobs/<pid>-<id>/  one child's private, writable work directory (pid: the worker that started it;
-                    a dead worker's dirs are swept when the next one creates the layout)
+  jobs/<owner>-<id>/  one child's private, writable work directory (owner: the worker that started
+                    it, pid and start time; a dead worker's dirs are swept when the next one
+                    creates the layout)
   exchange/<id>/    a reference run's inputs, published by the worker after the child exits
                     (read-only to every candidate child; the expected outputs never leave jobs/)
   cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
@@ -73,11 +74,31 @@ class Layout:
 
     def sweep_orphans(self) -> None:
         """Remove work and exchange dirs whose owning process is gone: a worker killed mid-job
-        would otherwise leave GBs of trial tensors in the scratch dir (a tmpfs: memory) for good."""
+        would otherwise leave GBs of trial tensors in the scratch dir (a tmpfs: memory) for good.
+        The owner is a pid and that process's start time: a restarted container's worker has the
+        dead one's pid (1, often) but not its start time."""
         for path in [*self.jobs.iterdir(), *self.exchange.iterdir()]:
-            owner = path.name.split("-", 1)[0]
-            if not (owner.isdigit() and psutil.pid_exists(int(owner))):
+            if not _owner_alive(path.name.split("-", 1)[0]):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_tag() -> str:
+    """This process as the owner of the dirs it makes: ``<pid>.<start time in centiseconds>``."""
+    return f"{os.getpid()}.{_start_ticks(os.getpid())}"
+
+
+def _start_ticks(pid: int) -> int:
+    return round(psutil.Process(pid).create_time() * 100)
+
+
+def _owner_alive(tag: str) -> bool:
+    pid, _, ticks = tag.partition(".")
+    if not (pid.isdigit() and ticks.isdigit()):
+        return False
+    try:
+        return _start_ticks(int(pid)) == int(ticks)
+    except psutil.Error:  # no such process (any more)
+        return False
 
 
 @dataclass
@@ -173,7 +194,7 @@ class ChildPool:
         return self._spawner.submit(self._spawn_here).result()
 
     def _spawn_here(self) -> Child:
-        workdir = self.layout.jobs / f"{os.getpid()}-{uuid.uuid4().hex}"  # the owner's pid: see Layout.sweep_orphans
+        workdir = self.layout.jobs / f"{owner_tag()}-{uuid.uuid4().hex}"  # the owner: see Layout.sweep_orphans
         workdir.mkdir(parents=True)
         argv = [sys.executable, "-m", self.entry, str(workdir), self.device]
         return Child(SandboxProcess(argv, self.policy(workdir), cwd=workdir), workdir)

@@ -19,7 +19,7 @@ from reward_cases import CORRECT, HACKS, RELU_REFERENCE
 from reward_svc.admission import ExchangeBudget
 from reward_svc.evaluate import EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
-from reward_svc.sandbox import ChildPool, Layout
+from reward_svc.sandbox import ChildPool, Layout, owner_tag
 from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from services.config import Settings
@@ -125,8 +125,10 @@ def test_work_dirs_of_dead_workers_are_swept(tmp_path: Path) -> None:
     layout = Layout(tmp_path / "reward", scratch=tmp_path / "scratch").create()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    leftovers = [layout.jobs / f"{dead.pid}-a", layout.exchange / f"{dead.pid}-a", layout.jobs / "unowned"]
-    live = layout.jobs / f"{os.getpid()}-b"
+    started_before = int(owner_tag().split(".")[1]) - 5000  # this pid, 50 s before this process started: a restarted container's worker
+    leftovers = [layout.jobs / f"{dead.pid}.1-a", layout.exchange / f"{dead.pid}.1-a", layout.jobs / "unowned",
+                 layout.jobs / f"{os.getpid()}.{started_before}-c", layout.jobs / f"{os.getpid()}-d"]
+    live = layout.jobs / f"{owner_tag()}-b"
     for path in [*leftovers, live]:
         path.mkdir()
         (path / "inputs_0.pt").write_bytes(b"GBs")
