@@ -37,6 +37,13 @@ class ExchangeBudget:
         with self._changed:
             self._changed.wait_for(lambda: self.in_use < self.capacity)
 
+    def wait_for_release(self, timeout_s: float) -> bool:
+        """After a reference found no room on the filesystem: until some files in use go (True), or
+        False at once when none are in use (nothing of ours will free room) or when the time is up."""
+        with self._changed:
+            in_use = self.in_use
+            return in_use > 0 and self._changed.wait_for(lambda: self.in_use < in_use, timeout=timeout_s)
+
     @contextlib.contextmanager
     def hold(self, nbytes: int) -> Iterator[None]:
         """A reference's files, from when they exist until its group is done."""

@@ -97,23 +97,30 @@ class Evaluator:
         if not pending:
             return Evaluation([v for v in verdicts if v is not None], device)
 
-        started = time.perf_counter()
-        self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
-        admitted = time.perf_counter()
-        ref_child = self.pool(device, options.timeout_s).take()
-        ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
         seeds = _secret_seeds()
-        (ref_child.workdir / "reference.py").write_text(reference)
-        ref_spec = {
-            "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
-            "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
-            "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
-            "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
-            "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
-        }
-        started = time.perf_counter()
-        outcome, ref_result = ref_child.run(ref_spec)
-        reference_s = time.perf_counter() - started
+        while True:  # again while the scratch filesystem has no room for the reference's files yet
+            started = time.perf_counter()
+            self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
+            admitted = time.perf_counter()
+            ref_child = self.pool(device, options.timeout_s).take()
+            ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
+            (ref_child.workdir / "reference.py").write_text(reference)
+            ref_spec = {
+                "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
+                "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
+                "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
+                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+                "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
+                "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
+            }
+            started = time.perf_counter()
+            outcome, ref_result = ref_child.run(ref_spec)
+            reference_s = time.perf_counter() - started
+            if not (ref_result and ref_result.get("status") == "no_room"):
+                break
+            ref_child.discard()
+            if not self.exchange_budget.wait_for_release(options.timeout_s):
+                break  # nothing of ours will free room: the reference's own reason becomes the group's verdict
         with contextlib.ExitStack() as group:
             group.enter_context(self.exchange_budget.hold(ref_result.get("files_bytes", 0) if ref_result else 0))
             group.callback(ref_child.discard)  # its files go before the hold on them does

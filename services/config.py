@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "across the candidates whose outputs are being written at once (a larger one runs alone); unset: a quarter of the "
         "scratch filesystem. A KernelBench level-1 case is 13 GB of input and output.",
     )
+    reward_scratch_min_free_bytes: int = Field(
+        default=1 << 30, ge=0,
+        description="Free space a reference leaves in the scratch filesystem: one whose trial tensors would take it below "
+        "this stops, and its group waits for other groups' files to go, then runs again (groups admitted together can "
+        "each fit the exchange budget and still not fit the filesystem together).",
+    )
     reward_scratch_dir: Path | None = Field(
         default=None,
         description="Evaluation children's work directories and the trial tensors they exchange; unset: <data dir>/reward. "

@@ -134,3 +134,61 @@ def test_work_dirs_of_dead_workers_are_swept(tmp_path: Path) -> None:
         (path / "inputs_0.pt").write_bytes(b"GBs")
     layout.create()
     assert live.exists() and not any(path.exists() for path in leftovers)
+
+
+def test_a_group_whose_reference_finds_no_room_on_the_filesystem_gets_the_reason(kz_env: Callable[..., Settings]) -> None:
+    """Groups admitted together can each fit the exchange budget and still not fit the scratch
+    filesystem together: the reference stops before it fills it, the group waits for other groups'
+    files to go and runs again; with none in use it ends with the reason, and the worker serves on."""
+    settings = kz_env(reward_scratch_min_free_bytes=1 << 60)  # more than any filesystem here has
+    evaluator = Evaluator(settings)
+    try:
+        started = time.monotonic()
+        verdict = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], EvalOptions(device="cpu")).verdicts[0]
+        assert verdict.status == "runtime_error" and "no room for the trial tensors" in verdict.reason, verdict.reason
+        assert "KZ_REWARD_SCRATCH_MIN_FREE_BYTES" in verdict.reason and time.monotonic() - started < 60  # no wait: nothing held
+        assert not list(evaluator.layout.exchange.iterdir())
+    finally:
+        evaluator.close()
+
+
+def test_a_reference_waiting_for_room_runs_once_another_group_lets_its_files_go() -> None:
+    budget = ExchangeBudget(100)
+    assert not budget.wait_for_release(timeout_s=5)  # nothing in use: waiting would not help
+    released = threading.Event()
+
+    def other_group() -> None:
+        with budget.hold(60):
+            time.sleep(0.3)
+        released.set()
+
+    thread = threading.Thread(target=other_group)
+    thread.start()
+    while budget.in_use == 0:
+        time.sleep(0.01)
+    assert budget.wait_for_release(timeout_s=10) and released.wait(5)
+    thread.join()
+
+
+@pytest.mark.parametrize("room_runs_out_at", ["inputs", "expected"])
+def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               room_runs_out_at: str) -> None:
+    """Past the two cases the refresh trial needs, a reference that would take the filesystem below
+    its free minimum stops there (its group runs on fewer trials) and leaves no file of the third."""
+    from reward_svc.harness import reference
+
+    checks = {"inputs": 0, "expected": 0}
+    room = reference._room_for
+
+    def room_for(scratch: Path, nbytes: int, spec: dict) -> bool:  # the real check, until the third case's
+        kind = "inputs" if checks["inputs"] == checks["expected"] else "expected"
+        checks[kind] += 1
+        return room(scratch, nbytes, spec) and not (kind == room_runs_out_at and checks[kind] == 3)
+
+    monkeypatch.setattr(reference, "_room_for", room_for)
+    (tmp_path / "reference.py").write_text(RELU_REFERENCE)
+    result = reference.run_reference({"reference_path": str(tmp_path / "reference.py"), "device": "cpu", "trials": 4,
+                                      "input_seed": 1, "weight_seeds": [2, 3]}, tmp_path)
+    assert result["status"] == "ok" and result["cases"] == 2 and len(result["rounding_noise"]) == 2
+    assert sorted(p.name for p in (tmp_path / "exchange").iterdir()) == ["init_0.pt", "init_1.pt", "inputs_0.pt", "inputs_1.pt"]
+    assert sorted(p.name for p in tmp_path.glob("expected_*.pt")) == ["expected_0.pt", "expected_1.pt"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,11 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
             init_inputs = make_init_inputs(module, weight_seed)
             inputs = _make_inputs(module, spec["input_seed"] + case, device, phases, lock)
+            if not _room_for(exchange, tensors.nbytes((init_inputs, inputs)), spec):
+                if case < min(2, n_cases):
+                    return _no_room(exchange, tensors.nbytes((init_inputs, inputs)), spec)
+                n_cases = case  # the cases so far are enough
+                break
             tensors.save(exchange / f"init_{case}.pt", init_inputs)
             tensors.save(exchange / f"inputs_{case}.pt", inputs)
             phases.lap("inputs")
@@ -70,6 +76,14 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                 noise.append(rounding_noise(models[weight_seed], args, output, spec))
                 expected = tensors.to_cpu(output)
                 del args, output
+            if not _room_for(exchange, tensors.nbytes(expected), spec):
+                if case < min(2, n_cases):
+                    return _no_room(exchange, tensors.nbytes(expected), spec)
+                for name in (f"init_{case}.pt", f"inputs_{case}.pt"):  # this case goes: the cases so far are enough
+                    (exchange / name).unlink()
+                noise.pop()
+                n_cases = case
+                break
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             output_bytes = max(output_bytes, tensors.nbytes(expected))
@@ -126,6 +140,19 @@ def rounding_noise(model: torch.nn.Module, args: list[Any], output: Any, spec: d
                 norms[i] = max(norms[i], n if math.isfinite(n) else 0.0)  # no noise floor where it cannot be measured
         del moved
     return norms
+
+
+def _room_for(scratch: Path, nbytes: int, spec: dict[str, Any]) -> bool:
+    """Whether ``nbytes`` more leave the scratch filesystem its free minimum: groups admitted
+    together can each fit the exchange budget and still not fit the filesystem together."""
+    return shutil.disk_usage(scratch).free - nbytes >= spec.get("scratch_min_free_bytes", 0)
+
+
+def _no_room(scratch: Path, nbytes: int, spec: dict[str, Any]) -> dict[str, Any]:
+    free = shutil.disk_usage(scratch).free
+    return {"status": "no_room", "reason": f"no room for the trial tensors in the scratch dir: {nbytes / 1e9:.2f} GB more would leave "
+            f"{(free - nbytes) / 1e9:.2f} GB free, below the {spec.get('scratch_min_free_bytes', 0) / 1e9:.2f} GB kept "
+            "(KZ_REWARD_SCRATCH_MIN_FREE_BYTES; a larger KZ_REWARD_SCRATCH_DIR or fewer groups at once)"}
 
 
 def cases_within(trials: int, case_bytes: int, budget: int | None) -> int:
