@@ -162,9 +162,9 @@ def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[
                        "the knockout trial", guard="knockout_evasion", max_abs_error=_finite(max_error))
 
     cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
-    timed = cand_dir / "output_timed.pt"
     if cand_timing:  # what the timed calls returned: a forward that behaves while checked and cuts corners while timed
-        ok, why, _ = compare_files(timed, ref_dir / "expected_0.pt", noise[0]) if compare_files.produced(timed) else (False, "no output", 0.0)
+        timed = cand_dir / "output_timed.pt"
+        ok, why = compare_files(timed, ref_dir / "expected_0.pt", noise[0])[:2] if compare_files.produced(timed) else (False, "none kept")
         if not ok:
             return Verdict("rejected", f"the timed calls returned a wrong answer ({why}) where the trials on the same inputs were right: "
                            "forward computes less while it is timed", guard="timing_evasion", max_abs_error=_finite(max_error))
