@@ -100,16 +100,19 @@ class _Checker(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:
             self._flag("forbidden_call", node, f"calls {func.id}()")
-        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr", "hasattr") and node.args:
+        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr") and node.args:
             target = node.args[0]
+            own = isinstance(target, ast.Name) and target.id == "self"  # setattr(self, f"w{i}", ...) builds a module
             if isinstance(target, ast.Name) and target.id in self.module_aliases:
                 self._flag("harness_tampering", node, f"{func.id}() on module '{target.id}'")
+            elif func.id == "setattr" and not own:
+                self._flag("harness_tampering", node, "setattr() on another object than self: the policy reads attribute stores "
+                           "only as assignments")
             if len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
-                self._flag("forbidden_call", node, f"{func.id}() with a computed attribute name")
+                if not own:
+                    self._flag("forbidden_call", node, f"{func.id}() with a computed attribute name")
             elif len(node.args) > 1:  # getattr(x, "name") reaches what x.name does: the same rules
                 self._check_attribute_name(str(node.args[1].value), node, store=func.id == "setattr")
-            if func.id == "setattr":
-                self._flag("harness_tampering", node, "setattr(): attributes are set by assignment, where the policy can read them")
         name = _dotted(func)
         if name:
             parts = name.split(".")

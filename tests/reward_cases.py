@@ -95,6 +95,8 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
                                "harness_tampering"),
     "writes_a_file_from_an_array": (candidate("x.numpy().tofile('output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))"),
                                     "forbidden_call"),
+    "patches_a_method_with_setattr": (candidate("return launch_relu(x, torch.empty_like(x))",
+                                                extra="setattr(torch.Tensor, 'clone', lambda self: self)"), "harness_tampering"),
     "reimplements_an_aten_op": (candidate("return launch_relu(x, torch.empty_like(x))",
                                           extra="LIB = torch.library.Library('aten', 'IMPL')"), "harness_tampering"),
 }
