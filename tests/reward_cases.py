@@ -44,6 +44,13 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "decoy_that_detects_the_knockout": (candidate(
         "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
         "knockout_evasion"),
+    # The same decoy without a branch: its kernel's output selects PyTorch's answer away (the knockout cannot see this one).
+    "decoy_selected_away_with_where": (candidate(
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nreturn torch.where((out != 0).any(), out, torch.clamp(x, min=0))"),
+        "pytorch_fallback"),
+    # Computes the answer in PyTorch under another op's name and has a kernel copy it out.
+    "pytorch_renamed_and_copied_by_a_kernel": (candidate("y = torch.clamp(x, min=0)\nreturn launch_relu(y, torch.empty_like(y))"),
+                                               "pytorch_fallback"),
     "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
     "try_except_fallback": (candidate(
         "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),

@@ -166,7 +166,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                                                           baseline_threads, case_args))
             paths: dict[str, list[str]] = {}
             # skipped where there is one case, or the cases' inputs differ in shape
-            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths))
+            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations))
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths))
                 observations["knockout_path"] = _compare_paths(paths)
@@ -253,7 +253,8 @@ def _settle(device: str) -> None:
 
 
 @contextlib.contextmanager
-def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False) -> Iterator[None]:
+def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False,
+            provenance_key: int | None = None) -> Iterator[OpRecorder]:
     """The conditions of the two replays of case 0's values (refresh and knockout): deterministic
     algorithms, uninitialised memory filled with NaN, and the path forward takes recorded, so the
     two can be told apart only by the knockout's poison."""
@@ -262,11 +263,11 @@ def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, k
     previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
     torch.use_deterministic_algorithms(True, warn_only=True)
     deterministic.fill_uninitialized_memory = True
-    recorder = OpRecorder()
+    recorder = OpRecorder(provenance_key)
     counter.recorder, counter.knockout = recorder, knockout
     try:
         with recorder:
-            yield
+            yield recorder
     finally:
         counter.recorder, counter.knockout = None, False
         torch.use_deterministic_algorithms(previous[0], warn_only=True)
@@ -275,9 +276,11 @@ def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, k
 
 
 def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case_args: list[Any],
-                   counter: LaunchCounter, paths: dict[str, list[str]]) -> Any:
+                   counter: LaunchCounter, paths: dict[str, list[str]], observations: dict[str, Any]) -> Any:
     """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
-    tensor identity, address or shape."""
+    tensor identity, address or shape. It also follows what the custom kernels wrote: an output
+    whose values a PyTorch op computed from data they never touched was not theirs, however it
+    was routed (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
     last = len(case_args) - 1
     if last == 0:  # one trial asked for: the same values in the same tensors test nothing
         return SKIPPED
@@ -288,9 +291,11 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     for target, value in zip(targets, fresh):
         target.copy_(value)
     model = _model_for(module, models, spec, exchange, 0)
-    with _replay(counter, paths, "refresh"):
+    with _replay(counter, paths, "refresh", provenance_key=spec["fingerprint_key"]) as recorder:
         out = model(*case_args[last])
         _settle(spec["device"])
+    if counter.total:
+        observations["pytorch_output"] = recorder.pytorch_source(out)
     return out
 
 

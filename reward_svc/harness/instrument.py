@@ -44,23 +44,61 @@ class OpRecorder(TorchDispatchMode):
     """Each aten op the forward ran, with how many calls and how many input elements it processed
     (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch),
     and ``path``: the compute ops and custom launches (``LaunchCounter`` adds those) in the order
-    they ran, the harness's own work inside a launch excluded (``harness_work``)."""
+    they ran, the harness's own work inside a launch excluded (``harness_work``).
 
-    def __init__(self) -> None:
+    With ``provenance_key`` it also follows what custom kernels wrote: storages a launch changed
+    (``LaunchCounter`` marks them) and everything computed from them are ``written``; every other
+    compute op's output is fingerprinted (``pytorch_outputs``), so ``pytorch_source`` can tell an
+    output whose values PyTorch computed from data no custom kernel touched."""
+
+    def __init__(self, provenance_key: int | None = None) -> None:
         super().__init__()
         self.calls: Counter[str] = Counter()
         self.elements: Counter[str] = Counter()
         self.path: list[str] = []
         self._harness_depth = 0
+        self.provenance_key = provenance_key
+        self.written: set[int] = set()  # storages holding what custom kernels computed
+        self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = func.overloadpacket.__name__
+        result = func(*args, **(kwargs or {}))
         if not self._harness_depth:
+            inputs = tensors.tensors_in((args, kwargs or {}))
             self.calls[name] += 1
-            self.elements[name] += sum(t.numel() for t in tensors.tensors_in((args, kwargs or {})))
+            self.elements[name] += sum(t.numel() for t in inputs)
             if is_compute_op(name):
                 self.path.append(name)
-        return func(*args, **(kwargs or {}))
+            if self.provenance_key is not None:
+                with self.harness_work():
+                    self._follow(name, inputs, tensors.tensors_in(result))
+        return result
+
+    def _follow(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        if any(_storage(t) in self.written for t in inputs):
+            self.written.update(_storage(t) for t in outputs)
+            return
+        # From untouched data: fresh memory, even where the allocator hands out a block a kernel wrote before
+        self.written.difference_update(_storage(t) for t in outputs)
+        if is_compute_op(name):
+            for t in outputs:
+                if t.numel() > 1 and t.layout == torch.strided:
+                    self.pytorch_outputs[self._identity(t)] = name
+
+    def _identity(self, t: torch.Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
+        return tensors.fingerprint(t, self.provenance_key)[0], tuple(t.shape), t.dtype
+
+    def mark_written(self, t: torch.Tensor) -> None:
+        self.written.add(_storage(t))
+
+    def pytorch_source(self, output: Any) -> str | None:
+        """The PyTorch op(s) whose own results every output tensor is, value for value, when all
+        of them are; else None (an output a custom kernel's result reached)."""
+        outs = [t for t in tensors.tensors_in(output) if t.numel() > 1 and t.layout == torch.strided]
+        with self.harness_work():
+            sources = [self.pytorch_outputs.get(self._identity(t)) for t in outs]
+        return ", ".join(sorted(set(sources))) if outs and all(sources) else None
 
     @contextlib.contextmanager
     def harness_work(self) -> Iterator[None]:
@@ -92,6 +130,8 @@ class LaunchCounter:
         recorder = self.recorder
         if recorder is not None:
             recorder.path.append(f"launch:{label}")
+            if recorder.provenance_key is not None:
+                return self._follow_writes(recorder, label, call, tensors.tensors_in((args, kwargs)))
         if not self.knockout:
             return self._call(label, call)
         harness_work = recorder.harness_work if recorder is not None else contextlib.nullcontext
@@ -109,6 +149,23 @@ class LaunchCounter:
             for t in tensors.tensors_in(result):
                 tensors.poison_(t)
                 self.poisoned += 1
+        return result
+
+    def _follow_writes(self, recorder: OpRecorder, label: str, call: Callable[[], Any], inputs: list[torch.Tensor]) -> Any:
+        """A launch under provenance tracking: the tensors it changed, and those it returned, hold
+        what a custom kernel computed."""
+        key = recorder.provenance_key
+        with recorder.harness_work():
+            before = [tensors.fingerprint(t, key) for t in inputs]
+        result = self._call(label, call)
+        with recorder.harness_work():
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            for t, old in zip(inputs, before):
+                if tensors.fingerprint(t, key) != old:
+                    recorder.mark_written(t)
+            for t in tensors.tensors_in(result):
+                recorder.mark_written(t)
         return result
 
     def _call(self, label: str, call: Callable[[], Any]) -> Any:
@@ -157,6 +214,13 @@ class LaunchCounter:
             return self.around(label, lambda: fn(*args, **kwargs), args, kwargs)
 
         return call
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, nested): never matches
+        return -1
 
 
 def _watched_functions() -> dict[str, Any]:
