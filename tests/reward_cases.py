@@ -51,6 +51,15 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # Computes the answer in PyTorch under another op's name and has a kernel copy it out.
     "pytorch_renamed_and_copied_by_a_kernel": (candidate("y = torch.clamp(x, min=0)\nreturn launch_relu(y, torch.empty_like(y))"),
                                                "pytorch_fallback"),
+    # PyTorch's answer assembled from halves, by cat or by copies into slices, then selected past the kernel's output.
+    "pytorch_halves_joined_by_cat": (candidate(
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nhalf = x.shape[0] // 2\n"
+        "joined = torch.cat([torch.clamp(x[:half], min=0), torch.clamp(x[half:], min=0)])\n"
+        "return torch.where((out != 0).any(), out, joined)"), "pytorch_fallback"),
+    "pytorch_halves_copied_into_slices": (candidate(
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nhalf = x.shape[0] // 2\njoined = torch.empty_like(x)\n"
+        "joined[:half].copy_(torch.clamp(x[:half], min=0))\njoined[half:].copy_(torch.clamp(x[half:], min=0))\n"
+        "return torch.where((out != 0).any(), out, joined)"), "pytorch_fallback"),
     "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
     "try_except_fallback": (candidate(
         "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),

@@ -48,8 +48,8 @@ class OpRecorder(TorchDispatchMode):
 
     With ``provenance_key`` it also follows what custom kernels wrote: storages a launch changed
     (``LaunchCounter`` marks them) and everything computed from them are ``written``; every other
-    compute op's output is fingerprinted (``pytorch_outputs``), so ``pytorch_source`` can tell an
-    output whose values PyTorch computed from data no custom kernel touched."""
+    op's output, and the whole of a view it wrote into, is fingerprinted (``pytorch_outputs``), so
+    ``pytorch_source`` can tell an output whose values PyTorch made from data no kernel touched."""
 
     def __init__(self, provenance_key: int | None = None) -> None:
         super().__init__()
@@ -81,10 +81,10 @@ class OpRecorder(TorchDispatchMode):
             return
         # From untouched data: fresh memory, even where the allocator hands out a block a kernel wrote before
         self.written.difference_update(_storage(t) for t in outputs)
-        if is_compute_op(name):
-            for t in outputs:
-                if t.numel() > 1 and t.layout == torch.strided:
-                    self.pytorch_outputs[self._identity(t)] = name
+        for t in outputs:  # every op's, not only compute ops': a result may be assembled (cat, copies into slices)
+            for whole in (t, t._base) if t._base is not None else (t,):
+                if whole.numel() > 1 and whole.layout == torch.strided:
+                    self.pytorch_outputs[self._identity(whole)] = name
 
     def _identity(self, t: torch.Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
         return tensors.fingerprint(t, self.provenance_key)[0], tuple(t.shape), t.dtype
@@ -93,12 +93,21 @@ class OpRecorder(TorchDispatchMode):
         self.written.add(_storage(t))
 
     def pytorch_source(self, output: Any) -> str | None:
-        """The PyTorch op(s) whose own results every output tensor is, value for value, when all
-        of them are; else None (an output a custom kernel's result reached)."""
-        outs = [t for t in tensors.tensors_in(output) if t.numel() > 1 and t.layout == torch.strided]
+        """How PyTorch, not a custom kernel, made every output tensor, when it did: computed from
+        data no custom kernel wrote (``cat`` of PyTorch pieces), or, value for value, some PyTorch
+        op's own result (routed past a kernel's output with ``torch.where`` or ``+ out * 0``).
+        None: a custom kernel's result reaches an output."""
+        outs = [t for t in tensors.tensors_in(output) if t.layout == torch.strided]
+        if not outs:
+            return None
+        if not any(_storage(t) in self.written for t in outs):
+            return "computed from data no custom kernel wrote"
+        outs = [t for t in outs if t.numel() > 1]  # a lone number can match by chance
         with self.harness_work():
             sources = [self.pytorch_outputs.get(self._identity(t)) for t in outs]
-        return ", ".join(sorted(set(sources))) if outs and all(sources) else None
+        if outs and all(sources):
+            return f"value for value what PyTorch's {', '.join(sorted(set(sources)))} computed from data no custom kernel wrote"
+        return None
 
     @contextlib.contextmanager
     def harness_work(self) -> Iterator[None]:
