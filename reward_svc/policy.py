@@ -25,12 +25,15 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__", "__bases__", "__mro__",
     "__dict__", "__getattribute__", "__setattr__", "__loader__", "__spec__", "f_back", "f_globals",
     "f_locals", "f_code", "gi_frame", "cr_frame", "tb_frame", "_getframe", "settrace", "setprofile",
-    "modules", "__reduce__", "__reduce_ex__",
-})
+    "__reduce__", "__reduce_ex__",
+})  # not "modules": sys.modules is out of reach with sys itself (MODULE_ATTRIBUTES), and nn.Module.modules() is a kernel's
 # Parts of torch that reach into the dispatcher, the C core or other processes (torch.library
 # re-implements aten operators for the whole process, the harness's own included).
 FORBIDDEN_TORCH_PARTS = ("torch._C", "torch.multiprocessing", "torch.utils._python_dispatch", "torch.overrides",
                          "torch.distributed", "torch._dynamo", "torch.library")
+# torch.library's documented ways to register a Triton kernel or a new op, which override nothing.
+TORCH_LIBRARY_ALLOWED = frozenset({"torch.library.triton_op", "torch.library.wrap_triton", "torch.library.custom_op"})
+SAFE_PRECISION = {"set_float32_matmul_precision": "highest"}  # the settings that raise precision, or keep it
 # Modules the allowed ones carry as attributes (``torch.sys``, ``np.os``): reached that way, they
 # bypass the import allow-list.
 MODULE_ATTRIBUTES = frozenset({
@@ -62,6 +65,8 @@ class _Checker(ast.NodeVisitor):
         self.violations: list[PolicyViolation] = []
         self.module_aliases: set[str] = set()  # every imported name
         self.modules: set[str] = set()  # names ``import`` bound to a module
+        self._safe_stores: set[int] = set()  # precision flags assigned False: full precision kept
+        self.real_names: dict[str, str] = {}  # ``import torch as T``: T -> torch
         self.file_io_modules: set[str] = set()  # aliases of torch and numpy, which can save and load
 
     def _flag(self, guard: str, node: ast.AST, detail: str) -> None:
@@ -79,6 +84,7 @@ class _Checker(ast.NodeVisitor):
             local = (alias.asname or alias.name).split(".")[0]
             self.module_aliases.add(local)
             self.modules.add(local)
+            self.real_names[local] = alias.name if alias.asname else local
             if alias.name.split(".")[0] in ("torch", "numpy") and (alias.asname is None or "." not in alias.name):
                 self.file_io_modules.add(local)
         self.generic_visit(node)
@@ -100,19 +106,8 @@ class _Checker(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:
             self._flag("forbidden_call", node, f"calls {func.id}()")
-        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr") and node.args:
-            target = node.args[0]
-            own = isinstance(target, ast.Name) and target.id == "self"  # setattr(self, f"w{i}", ...) builds a module
-            if isinstance(target, ast.Name) and target.id in self.module_aliases:
-                self._flag("harness_tampering", node, f"{func.id}() on module '{target.id}'")
-            elif func.id == "setattr" and not own:
-                self._flag("harness_tampering", node, "setattr() on another object than self: the policy reads attribute stores "
-                           "only as assignments")
-            if len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
-                if not own:
-                    self._flag("forbidden_call", node, f"{func.id}() with a computed attribute name")
-            elif len(node.args) > 1:  # getattr(x, "name") reaches what x.name does: the same rules
-                self._check_attribute_name(str(node.args[1].value), node, store=func.id == "setattr")
+        if isinstance(func, ast.Name) and func.id in ("setattr", "getattr", "hasattr") and node.args:
+            self._check_dynamic_attribute(func.id, node)
         name = _dotted(func)
         if name:
             parts = name.split(".")
@@ -120,35 +115,73 @@ class _Checker(ast.NodeVisitor):
                 self._flag("forbidden_call", node, f"calls {name}()")
             if parts[0] in self.file_io_modules and parts[-1] in FILE_IO_FUNCTIONS:
                 self._flag("forbidden_call", node, f"calls {name}(): a kernel reads and writes no files")
-            if parts[-1] in PRECISION_SETTERS:
+            safe = SAFE_PRECISION.get(parts[-1])
+            if parts[-1] in PRECISION_SETTERS and not (safe and node.args and _constant(node.args[0]) == safe):
                 self._flag("precision_downgrade", node, f"calls {name}(), lowering the precision of the computation")
         self.generic_visit(node)
 
-    def _check_attribute_name(self, attr: str, node: ast.AST, *, store: bool = False) -> bool:
-        """The rules on an attribute's name alone, whatever it is read from; True if one fired."""
+    def _check_dynamic_attribute(self, builtin: str, node: ast.Call) -> None:
+        """``getattr(x, "name")`` reaches what ``x.name`` does, so the same rules; ``hasattr`` only
+        answers yes or no; ``setattr`` only on ``self`` (``setattr(self, f"w{i}", ...)`` builds a
+        module), elsewhere the policy reads attribute stores as assignments."""
+        target, name = node.args[0], node.args[1] if len(node.args) > 1 else None
+        own = isinstance(target, ast.Name) and target.id == "self"
+        on_module = isinstance(target, ast.Name) and target.id in self.module_aliases
+        if builtin == "setattr" and not own:
+            self._flag("harness_tampering", node, f"setattr() on {'module ' + repr(target.id) if on_module else 'another object than self'}: "
+                       "the policy reads attribute stores only as assignments")
+        elif builtin == "hasattr" or name is None:
+            return
+        elif not isinstance(name, ast.Constant):
+            if not own:
+                self._flag("forbidden_call", node, f"{builtin}() with a computed attribute name")
+        elif on_module:
+            self._check_module_attribute(f"{target.id}.{name.value}", node)
+        else:
+            self._check_attribute_name(str(name.value), node)
+
+    def _check_attribute_name(self, attr: str, node: ast.AST, *, on_module: bool = False) -> bool:
+        """The rules on an attribute's name, whatever it is read from; True if one fired."""
         if attr in FORBIDDEN_ATTRIBUTES:
             self._flag("harness_tampering", node, f"accesses .{attr}")
-        elif attr in MODULE_ATTRIBUTES:
+        elif on_module and attr in MODULE_ATTRIBUTES:
             self._flag("forbidden_import", node, f"reaches the module '{attr}' as an attribute, past the import allow-list")
         elif attr in FILE_IO_METHODS:
             self._flag("forbidden_call", node, f"uses .{attr}: a kernel reads and writes no files")
-        elif store and attr in PRECISION_SETTERS:
-            self._flag("precision_downgrade", node, f"sets {attr}, lowering the precision of the computation")
         else:
             return False
         return True
 
+    def _check_module_attribute(self, dotted: str, node: ast.AST) -> None:
+        """``M.a.b``, read from a module (or getattr on one): the name rules, and torch's off-limits parts."""
+        parts = dotted.split(".")
+        if self._check_attribute_name(parts[-1], node, on_module=True):
+            return
+        if parts[0] in self.file_io_modules and parts[-1] in FILE_IO_FUNCTIONS:
+            self._flag("forbidden_call", node, f"reaches {dotted}: a kernel reads and writes no files")
+        else:
+            real = ".".join([self.real_names.get(parts[0], parts[0]), *parts[1:]])
+            if _is_forbidden_torch_part(real) and real not in TORCH_LIBRARY_ALLOWED:
+                self._flag("harness_tampering", node, f"uses {dotted}, which reaches into torch's dispatcher or core")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if _constant(node.value) is False:  # allow_tf32 = False and kin keep full precision
+            self._safe_stores.update(id(t) for t in node.targets)
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         dotted = _dotted(node)
-        if self._check_attribute_name(node.attr, node):
-            pass
-        elif dotted and _is_forbidden_torch_part(dotted) and not isinstance(node.ctx, ast.Store):
-            self._flag("harness_tampering", node, f"uses {dotted}, which reaches into torch's dispatcher or core")
+        root = _root_name(node)
+        if root in self.module_aliases and dotted and not isinstance(node.ctx, ast.Store):
+            self._check_module_attribute(dotted, node)
+            if dotted in TORCH_LIBRARY_ALLOWED:
+                return  # its prefix, torch.library, is off limits as such
+        else:
+            self._check_attribute_name(node.attr, node)
         if isinstance(node.ctx, ast.Store) and dotted not in SETTABLE_TORCH_FLAGS:
-            root = _root_name(node)
-            if node.attr in PRECISION_SETTERS:
+            if node.attr in PRECISION_SETTERS and id(node) not in self._safe_stores:
                 self._flag("precision_downgrade", node, f"sets {_dotted(node)}, lowering the precision of the computation")
-            elif root in self.module_aliases and root != "os":
+            elif root in self.module_aliases and root != "os" and node.attr not in PRECISION_SETTERS:
                 self._flag("harness_tampering", node, f"assigns to {_dotted(node) or node.attr}: modules are not the kernel's to patch")
         self.generic_visit(node)
 
@@ -158,14 +191,24 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def generic_visit(self, node: ast.AST) -> None:
-        """A module is only ever the base of an attribute or the callee: passed around as a value
+        """A module is only ever the base of an attribute, the object of getattr/hasattr, or
+        compared (``triton is not None`` after an optional import): passed around as a value
         (``T = torch``, ``f(np)``, ``[triton]``) its attributes escape every rule above."""
         for field, value in ast.iter_fields(node):
-            for child in value if isinstance(value, list) else [value]:
+            for index, child in enumerate(value if isinstance(value, list) else [value]):
                 if (isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in self.modules
-                        and not (isinstance(node, ast.Attribute) and field == "value")):
+                        and not (isinstance(node, ast.Attribute) and field == "value") and not isinstance(node, ast.Compare)
+                        and not (_is_attribute_builtin(node) and field == "args" and index == 0)):
                     self._flag("harness_tampering", child, f"uses the module '{child.id}' as a value: modules are reached through their attributes")
         super().generic_visit(node)
+
+
+def _is_attribute_builtin(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+
+
+def _constant(node: ast.AST) -> object:
+    return node.value if isinstance(node, ast.Constant) else None
 
 
 def _is_forbidden_torch_part(name: str) -> bool:

@@ -40,26 +40,26 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # The kernel's output folded in with weight zero: formally used, numerically irrelevant.
     "decoy_masked_by_zero": (candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn torch.clamp(x, min=0) + out * 0"),
                              "decoy_kernel"),
-    # Looks at what its kernel wrote (zeros, from a tensor of sevens) and returns it only once it was tampered with.
+    # Looks at what its kernel wrote (ones, over a tensor of sevens) and returns it only once it was tampered with.
     "decoy_that_detects_the_knockout": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nif bool((out != 1).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
         "knockout_evasion"),
     # The same decoy without a branch: its kernel's output selects PyTorch's answer away (the knockout cannot see this one).
     "decoy_selected_away_with_where": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nreturn torch.where((out != 0).any(), out, torch.clamp(x, min=0))"),
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nreturn torch.where((out != 1).any(), out, torch.clamp(x, min=0))"),
         "pytorch_fallback"),
     # Computes the answer in PyTorch under another op's name and has a kernel copy it out.
     "pytorch_renamed_and_copied_by_a_kernel": (candidate("y = torch.clamp(x, min=0)\nreturn launch_relu(y, torch.empty_like(y))"),
                                                "pytorch_fallback"),
     # PyTorch's answer assembled from halves, by cat or by copies into slices, then selected past the kernel's output.
     "pytorch_halves_joined_by_cat": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nhalf = x.shape[0] // 2\n"
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\n"
         "joined = torch.cat([torch.clamp(x[:half], min=0), torch.clamp(x[half:], min=0)])\n"
-        "return torch.where((out != 0).any(), out, joined)"), "pytorch_fallback"),
+        "return torch.where((out != 1).any(), out, joined)"), "pytorch_fallback"),
     "pytorch_halves_copied_into_slices": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nhalf = x.shape[0] // 2\njoined = torch.empty_like(x)\n"
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\njoined = torch.empty_like(x)\n"
         "joined[:half].copy_(torch.clamp(x[:half], min=0))\njoined[half:].copy_(torch.clamp(x[half:], min=0))\n"
-        "return torch.where((out != 0).any(), out, joined)"), "pytorch_fallback"),
+        "return torch.where((out != 1).any(), out, joined)"), "pytorch_fallback"),
     "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
     "try_except_fallback": (candidate(
         "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),

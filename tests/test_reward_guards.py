@@ -115,3 +115,57 @@ def test_an_output_that_is_rounding_noise_is_judged_against_that_noise(evaluator
     evaluation = evaluator.evaluate_group(ZERO_UP_TO_ROUNDING_REFERENCE, [centred_sum], EvalOptions(backend="triton", device="cpu"))
     assert all(case[0] > 0 for case in evaluation.reference["rounding_noise"])  # measured per case: the output looks constant
     assert evaluation.verdicts[0].status == "correct", evaluation.verdicts[0].reason
+
+
+ROW_NORM_REFERENCE = RELU_REFERENCE.replace("return torch.relu(x)", "return torch.norm(x, dim=1)")
+ROW_SUM_OF_SQUARES = '''
+@triton.jit
+def row_sum_of_squares_kernel(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * cols + offsets, mask=offsets < cols, other=0.0)
+    tl.store(out_ptr + row, tl.sum(x * x, axis=0))
+'''
+
+
+def test_kernels_the_knockout_once_took_for_decoys_pass(evaluator: Evaluator) -> None:
+    """Correct kernels the knockout misjudged: one writing a persistent output buffer (the refresh
+    trial had left the same answer in it, so nothing looked written), one whose PyTorch glue
+    raised on the poison (a square root of a sum of squares that poison made negative)."""
+    persistent_buffer = HEADER + (
+        "\n\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.register_buffer('out', torch.empty(4, 1024), persistent=False)\n\n"
+        "    def forward(self, x):\n        launch_relu(x, self.out)\n        return self.out\n")
+    norm_with_a_check = candidate(
+        "sums = torch.empty(x.shape[0], device=x.device)\nrow_sum_of_squares_kernel[(x.shape[0],)](x, sums, x.shape[1], BLOCK=1024)\n"
+        "norm = torch.sqrt(sums)\nif torch.isnan(norm).any():\n    raise RuntimeError('NaN in a row norm')\nreturn norm",
+        extra=ROW_SUM_OF_SQUARES)
+    buffered = evaluator.evaluate_group(RELU_REFERENCE, [persistent_buffer], EvalOptions(backend="triton", device="cpu")).verdicts[0]
+    norm = evaluator.evaluate_group(ROW_NORM_REFERENCE, [norm_with_a_check], EvalOptions(backend="triton", device="cpu")).verdicts[0]
+    assert buffered.status == "correct", buffered.reason
+    assert norm.status == "correct", norm.reason
+
+
+def test_the_policy_lets_common_kernel_code_through_and_still_refuses_its_routes_around() -> None:
+    from reward_svc.policy import check_source
+
+    allowed = {
+        "feature test": 'import torch\nFP8 = hasattr(torch, "float8_e4m3fn")',
+        "optional function": 'import triton.language as tl\nEXP2 = getattr(tl, "exp2", None)',
+        "submodules": "import torch\nclass M(torch.nn.Module):\n    def count(self):\n        return sum(1 for _ in self.modules())",
+        "optional import": "try:\n    import triton\nexcept ImportError:\n    triton = None\nHAVE_TRITON = triton is not None",
+        "full precision": 'import torch\ntorch.set_float32_matmul_precision("highest")\ntorch.backends.cuda.matmul.allow_tf32 = False',
+        "a Triton op": 'import torch\n@torch.library.triton_op("kz::relu", mutates_args=())\ndef relu(x):\n    return x',
+        "parameters by name": "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                              "        for i in range(2):\n            setattr(self, f'w{i}', torch.nn.Parameter(torch.ones(1)))",
+    }
+    refused = {
+        "getattr(torch, 'save')": 'import torch\ngetattr(torch, "save")(1, "f.pt")',
+        "import torch as T; T._C": "import torch as T\nT._C._set_grad_enabled(False)",
+        "medium precision": 'import torch\ntorch.set_float32_matmul_precision("medium")',
+        "tf32 on": "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True",
+        "an aten override": 'import torch\nLIB = torch.library.Library("aten", "IMPL")',
+        "setattr on a class": "import torch\nsetattr(torch.Tensor, 'clone', None)",
+    }
+    assert {name: [v.describe() for v in check_source(src)] for name, src in allowed.items() if check_source(src)} == {}
+    assert [name for name, src in refused.items() if not check_source(src)] == []

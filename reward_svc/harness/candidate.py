@@ -168,8 +168,8 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             # skipped where there is one case, or the cases' inputs differ in shape
             trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations))
             if counter.total:
-                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths))
-                observations["knockout_path"] = _compare_paths(paths)
+                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
+                observations["knockout_path"] = None if "knockout_raised" in observations else _compare_paths(paths)
     except Rejection as rejection:
         return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
@@ -300,15 +300,21 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
 
 
 def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter,
-                    paths: dict[str, list[str]]) -> Any:
+                    paths: dict[str, list[str]], observations: dict[str, Any]) -> Any:
     """Run case 0 once more with every custom kernel's writes poisoned and uninitialised memory
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
-    remembered from the first call, a cache keyed on the inputs' values)."""
+    remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
+    wrong values (a Cholesky factor of what is no longer positive-definite) may raise instead: its
+    output then depends on the kernels, and the refresh trial's provenance is the check left."""
     model = _model_for(module, models, spec, exchange, 0)
     args = _case_inputs(spec, exchange, 0)
-    with _replay(counter, paths, "knockout", knockout=True):
-        out = model(*args)
-        _settle(spec["device"])
+    try:
+        with _replay(counter, paths, "knockout", knockout=True):
+            out = model(*args)
+            _settle(spec["device"])
+    except Exception as exc:  # noqa: BLE001 (the candidate's own error on poisoned values)
+        observations["knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
+        return SKIPPED
     return out
 
 

@@ -140,22 +140,37 @@ class LaunchCounter:
         if recorder is not None:
             recorder.path.append(f"launch:{label}")
             if recorder.provenance_key is not None:
-                return self._follow_writes(recorder, label, call, tensors.tensors_in((args, kwargs)))
+                return self._follow_writes(recorder, label, call, launch_tensors(args, kwargs))
         if not self.knockout:
             return self._call(label, call)
-        harness_work = recorder.harness_work if recorder is not None else contextlib.nullcontext
-        inputs = tensors.tensors_in((args, kwargs))
+        return self._knock_out(label, call, launch_tensors(args, kwargs),
+                               recorder.harness_work if recorder is not None else contextlib.nullcontext)
+
+    def _knock_out(self, label: str, call: Callable[[], Any], inputs: list[torch.Tensor],
+                   harness_work: Callable[[], contextlib.AbstractContextManager[Any]]) -> Any:
+        """The launch, then poison on what it wrote. A tensor it left bit for bit as it was was
+        either only read or written with the values it held already (an output buffer kept across
+        calls, after the refresh trial computed the same answer): poisoned and launched onto once
+        more, the ones it writes are outputs too, and the others get their values back."""
         with harness_work():
             before = [t.clone() for t in inputs]
         result = self._call(label, call)
         with harness_work():
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            for t, old in zip(inputs, before):
-                if not tensors.same_bits(t, old):
+            _synchronize()
+            written = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old)]
+            kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
+            if kept:
+                for t, _ in kept:
                     tensors.poison_(t)
-                    self.poisoned += 1
-            for t in tensors.tensors_in(result):
+                poisoned = [t.clone() for t, _ in kept]
+                call()
+                _synchronize()
+                for (t, old), poison in zip(kept, poisoned):
+                    if tensors.same_bits(t, poison):
+                        t.copy_(old)  # only read: as it was
+                    else:
+                        written.append(t)
+            for t in written + tensors.tensors_in(result):
                 tensors.poison_(t)
                 self.poisoned += 1
         return result
@@ -168,8 +183,7 @@ class LaunchCounter:
             before = [tensors.fingerprint(t, key) for t in inputs]
         result = self._call(label, call)
         with recorder.harness_work():
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            _synchronize()
             for t, old in zip(inputs, before):
                 if tensors.fingerprint(t, key) != old:
                     recorder.mark_written(t)
@@ -223,6 +237,22 @@ class LaunchCounter:
             return self.around(label, lambda: fn(*args, **kwargs), args, kwargs)
 
         return call
+
+
+def launch_tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors a launch can read or write: its tensor arguments, and the tensors Triton's
+    wrappers carry (``TensorDescriptor``, ``triton.reinterpret``: a ``base`` attribute)."""
+    found = tensors.tensors_in((args, kwargs))
+    for value in [*(args if isinstance(args, (list, tuple)) else ()), *(kwargs or {}).values()]:
+        base = getattr(value, "base", None) if not isinstance(value, torch.Tensor) else None
+        if isinstance(base, torch.Tensor):
+            found.append(base)
+    return found
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -53,21 +53,24 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-POISON_SCALE = 1e3  # large against typical outputs, finite even in float16
+POISON_SCALES = (0.5, 2.0)  # each value scaled by a random factor in this range
 
 
 def poison_(t: torch.Tensor) -> None:
-    """Overwrite a tensor with values no correct computation leaves behind. Floating types get large
-    random *finite* values: a decoy that folds its kernel's output in with weight zero
-    (``torch_result + out * 0``) then stays right, where NaN would have spread through ``* 0``
-    and hidden it."""
+    """Overwrite a tensor with wrong values that a correct computation could still have produced:
+    floating values each scaled by a random factor in ``POISON_SCALES`` (finite, so a decoy that
+    folds its kernel's output in as ``torch_result + out * 0`` stays right, where NaN spread
+    through ``* 0`` and hid it; sign and zeros kept, so the glue after a kernel — a square root
+    of a sum of squares, a positive-definite check — does not raise on the poison instead of
+    computing a wrong answer), integers and booleans shuffled (indices stay in range)."""
+    generator = torch.Generator(device=t.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     if t.is_floating_point() or t.is_complex():
-        generator = torch.Generator(device=t.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-        (torch.view_as_real(t) if t.is_complex() else t).normal_(0.0, POISON_SCALE, generator=generator)
-    elif t.dtype == torch.bool:
-        t.logical_not_()
-    else:
-        t.fill_(torch.iinfo(t.dtype).min)
+        target = torch.view_as_real(t) if t.is_complex() else t
+        low, high = POISON_SCALES
+        target.mul_(torch.empty_like(target).uniform_(low, high, generator=generator))
+    elif t.numel() > 1:
+        flat = t.reshape(-1)  # a copy where t is not contiguous: the shuffle is written back whole
+        t.copy_(flat[torch.randperm(flat.numel(), generator=generator, device=t.device)].reshape(t.shape))
 
 
 def plain(obj: Any) -> Any:
