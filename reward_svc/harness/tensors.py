@@ -53,21 +53,24 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-POISON_SCALES = (0.5, 2.0)  # each value scaled by a random factor in this range
+POISON_SCALES = (0.5, 2.0)  # each value scaled by a random factor in this range...
+POISON_SHIFTS = (0.5, 1.5)  # ...then moved up by a random amount in this one
 
 
 def poison_(t: torch.Tensor) -> None:
-    """Overwrite a tensor with wrong values that a correct computation could still have produced:
-    floating values each scaled by a random factor in ``POISON_SCALES`` (finite, so a decoy that
-    folds its kernel's output in as ``torch_result + out * 0`` stays right, where NaN spread
-    through ``* 0`` and hid it; sign and zeros kept, so the glue after a kernel — a square root
-    of a sum of squares, a positive-definite check — does not raise on the poison instead of
-    computing a wrong answer), integers and booleans shuffled (indices stay in range)."""
+    """Overwrite a tensor with wrong values a computation could still go on with: floating values
+    each scaled by a random factor in ``POISON_SCALES`` and moved up by one in ``POISON_SHIFTS``
+    (finite, so a decoy that folds its kernel's output in as ``torch_result + out * 0`` stays
+    right, where NaN spread through ``* 0`` and hid it; non-negative values stay non-negative, so
+    glue after a kernel — the square root of a sum of squares — computes a wrong answer instead
+    of raising; the shift, because scaling alone leaves an output that is rounding noise around
+    zero within the tolerance), integers and booleans shuffled (indices stay in range)."""
     generator = torch.Generator(device=t.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     if t.is_floating_point() or t.is_complex():
         target = torch.view_as_real(t) if t.is_complex() else t
-        low, high = POISON_SCALES
+        (low, high), (shift_low, shift_high) = POISON_SCALES, POISON_SHIFTS
         target.mul_(torch.empty_like(target).uniform_(low, high, generator=generator))
+        target.add_(torch.empty_like(target).uniform_(shift_low, shift_high, generator=generator))
     elif t.numel() > 1:
         flat = t.reshape(-1)  # a copy where t is not contiguous: the shuffle is written back whole
         t.copy_(flat[torch.randperm(flat.numel(), generator=generator, device=t.device)].reshape(t.shape))
