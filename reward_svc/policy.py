@@ -64,9 +64,8 @@ class _Checker(ast.NodeVisitor):
     def __init__(self) -> None:
         self.violations: list[PolicyViolation] = []
         self.module_aliases: set[str] = set()  # every imported name
-        self.modules: set[str] = set()  # names ``import`` bound to a module
         self._safe_stores: set[int] = set()  # precision flags assigned False: full precision kept
-        self.real_names: dict[str, str] = {}  # ``import torch as T``: T -> torch
+        self.real_names: dict[str, str] = {}  # names ``import`` bound to a module, to its name: ``import torch as T``: T -> torch
         self.file_io_modules: set[str] = set()  # aliases of torch and numpy, which can save and load
 
     def _flag(self, guard: str, node: ast.AST, detail: str) -> None:
@@ -83,7 +82,6 @@ class _Checker(ast.NodeVisitor):
             self._check_module(alias.name, node)
             local = (alias.asname or alias.name).split(".")[0]
             self.module_aliases.add(local)
-            self.modules.add(local)
             self.real_names[local] = alias.name if alias.asname else local
             if alias.name.split(".")[0] in ("torch", "numpy") and (alias.asname is None or "." not in alias.name):
                 self.file_io_modules.add(local)
@@ -196,7 +194,7 @@ class _Checker(ast.NodeVisitor):
         (``T = torch``, ``f(np)``, ``[triton]``) its attributes escape every rule above."""
         for field, value in ast.iter_fields(node):
             for index, child in enumerate(value if isinstance(value, list) else [value]):
-                if (isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in self.modules
+                if (isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in self.real_names
                         and not (isinstance(node, ast.Attribute) and field == "value") and not isinstance(node, ast.Compare)
                         and not (_is_attribute_builtin(node) and field == "args" and index == 0)):
                     self._flag("harness_tampering", child, f"uses the module '{child.id}' as a value: modules are reached through their attributes")
