@@ -59,13 +59,6 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
             init_inputs = make_init_inputs(module, weight_seed)
             inputs = _make_inputs(module, spec["input_seed"] + case, device, phases, lock)
-            if not _room_for(exchange, tensors.nbytes((init_inputs, inputs)), spec):
-                if case < min(2, n_cases):
-                    return _no_room(exchange, tensors.nbytes((init_inputs, inputs)), spec)
-                n_cases = case  # the cases so far are enough
-                break
-            tensors.save(exchange / f"init_{case}.pt", init_inputs)
-            tensors.save(exchange / f"inputs_{case}.pt", inputs)
             phases.lap("inputs")
             with phases.on_device(lock, "trials"):
                 if weight_seed not in models:
@@ -76,14 +69,15 @@ def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                 noise.append(rounding_noise(models[weight_seed], args, output, spec))
                 expected = tensors.to_cpu(output)
                 del args, output
-            if not _room_for(exchange, tensors.nbytes(expected), spec):
+            case_files = tensors.nbytes((init_inputs, inputs, expected))
+            if not _room_for(exchange, case_files, spec):  # the case's files are written only once they fit
                 if case < min(2, n_cases):
-                    return _no_room(exchange, tensors.nbytes(expected), spec)
-                for name in (f"init_{case}.pt", f"inputs_{case}.pt"):  # this case goes: the cases so far are enough
-                    (exchange / name).unlink()
+                    return _no_room(exchange, case_files, spec)
                 noise.pop()
-                n_cases = case
+                n_cases = case  # the cases so far are enough
                 break
+            tensors.save(exchange / f"init_{case}.pt", init_inputs)
+            tensors.save(exchange / f"inputs_{case}.pt", inputs)
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
             output_bytes = max(output_bytes, tensors.nbytes(expected))
