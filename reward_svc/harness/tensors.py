@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,14 @@ def fingerprint(obj: Any, key: int) -> list[int]:
     return [_fingerprint_tensor(t, key) for t in tensors_in(obj)]
 
 
+@functools.lru_cache(maxsize=16)  # the refresh replay fingerprints every op's output under one key
+def _fingerprint_weights(key: int, rows: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(key)
+    a, b = (torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64).to(device)
+            for n in (_FINGERPRINT_ROW, rows))
+    return a, b
+
+
 def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
     if t.layout != torch.strided:  # sparse and kin: their values, as the judge would compare them
         t = t.to_dense()
@@ -130,10 +139,7 @@ def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
         flat = flat.clone()
     raw = flat.view(torch.uint8)
     words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-    rows = -(-words.numel() // _FINGERPRINT_ROW)
-    generator = torch.Generator().manual_seed(key)
-    a, b = (torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64).to(t.device)
-            for n in (_FINGERPRINT_ROW, rows))
+    a, b = _fingerprint_weights(key, -(-words.numel() // _FINGERPRINT_ROW), str(t.device))
     total = torch.zeros((), dtype=torch.int64, device=t.device)
     for start in range(0, words.numel(), _FINGERPRINT_SLAB):
         chunk = words[start:start + _FINGERPRINT_SLAB].to(torch.int64)
