@@ -9,7 +9,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 MISSING_THERE=(pydantic pydantic-core pydantic-settings annotated-types typing-inspection typing-extensions python-dotenv
     sqlalchemy greenlet alembic mako celery kombu billiard vine amqp click-didyoumean click-plugins click-repl
-    prompt-toolkit wcwidth tzdata tzlocal redis fastapi starlette uvicorn structlog prometheus-fastapi-instrumentator)
+    prompt-toolkit wcwidth tzdata tzlocal redis fastapi annotated-doc opentelemetry-api starlette uvicorn structlog
+    prometheus-fastapi-instrumentator)
 
 pins=()
 for name in "${MISSING_THERE[@]}"; do  # those .venv lacks are optional there too (greenlet, tzdata on some systems)
