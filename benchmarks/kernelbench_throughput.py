@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import re
 import statistics
@@ -238,17 +239,23 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
                  "seconds": v.details.get("seconds"), "phases": v.details.get("phases")} for i, v in enumerate(verdicts)]
 
     started = time.perf_counter()
+    executor = ThreadPoolExecutor(max_workers=concurrency)
+    cut = False
     try:
-        with UtilisationSampler(evaluator.layout.exchange) as sampler, ThreadPoolExecutor(max_workers=concurrency) as executor:
+        with UtilisationSampler(evaluator.layout.exchange) as sampler:
             futures = [executor.submit(evaluate_group, *w) for w in work]
-            for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
-                rows.extend(future.result())
-                _checkpoint(rows, partial)
+            try:
+                for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
+                    rows.extend({**row, "finished_s": round(time.perf_counter() - started, 3)} for row in future.result())
+                    _checkpoint(rows, partial)
+            except KeyboardInterrupt:  # the step's time limit (gpu_run.sh): the groups done so far are the figure
+                cut = True
     finally:
+        executor.shutdown(wait=not cut, cancel_futures=True)
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
     summary.update(concurrency=concurrency, group=group, warm_children=warm_children(evaluator.settings, "cuda"),
-                   pool_warm_at_start=warmed, utilisation=sampler.summary())
+                   pool_warm_at_start=warmed, utilisation=sampler.summary(), cut=cut)
     return summary
 
 
@@ -303,6 +310,10 @@ def main() -> None:
     console.print(table)
     if "throughput_ratio" in report:
         console.print(f"throughput ratio {report['throughput_ratio']}x; verdicts agree on {report['agreement']} samples")
+    if report.get("ours", {}).get("cut"):
+        console.print("cut by the time limit: the rate is over the groups done; those in flight were dropped")
+        sys.stdout.flush()
+        os._exit(0)  # not waiting for the groups still in flight
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ the scratch dir (a tmpfs: memory) together. Two kinds of files, admitted differe
 
 Candidates wait only for other candidates, never for references, so a group that has run its
 reference always finishes and lets the next one in.
+
+Device memory is not budgeted (a child's peak is unknown before it runs); instead a child that
+runs out of it while other children of this worker ran too runs again once one of them is done
+(``DeviceUsers``): the memory was theirs, not a fault of the code under test.
 """
 
 from __future__ import annotations
@@ -69,3 +73,36 @@ class ExchangeBudget:
         with self._changed:
             setattr(self, kind, getattr(self, kind) - nbytes)
             self._changed.notify_all()
+
+
+class DeviceUsers:
+    """This worker's children (and judges) using the device, counted while they run."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.finished = 0
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        """Yields how many uses had finished when this one began (``others_finished_since`` takes it)."""
+        with self._changed:
+            self.active += 1
+            seen = self.finished
+        try:
+            yield seen
+        finally:
+            with self._changed:
+                self.active -= 1
+                self.finished += 1
+                self._changed.notify_all()
+
+    def others_finished_since(self, seen: int, timeout_s: float) -> bool:
+        """After a use (ended) that began when ``seen`` uses had finished and ran out of memory:
+        True once another use has finished since it began (at once if one did while it ran), False
+        at once when no other runs (the shortage was its own), or when the time is up."""
+        with self._changed:
+            others_done = lambda: self.finished > seen + 1  # noqa: E731 (the +1 is the use that asks)
+            if others_done():
+                return True
+            return self.active > 0 and self._changed.wait_for(others_done, timeout=timeout_s)

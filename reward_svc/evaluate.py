@@ -6,6 +6,7 @@ Plain functions over plain data, so the CLI, the Celery task and the tests call 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
-from reward_svc.admission import ExchangeBudget
+from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
@@ -28,6 +29,7 @@ from reward_svc.sandbox import Child, ChildPool, Layout
 from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
+MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Evaluator:
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
         self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
+        self.device_users = DeviceUsers()
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -98,29 +101,7 @@ class Evaluator:
             return Evaluation([v for v in verdicts if v is not None], device)
 
         seeds = _secret_seeds()
-        while True:  # again while the scratch filesystem has no room for the reference's files yet
-            started = time.perf_counter()
-            self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
-            admitted = time.perf_counter()
-            ref_child = self.pool(device, options.timeout_s).take()
-            ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
-            (ref_child.workdir / "reference.py").write_text(reference)
-            ref_spec = {
-                "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
-                "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
-                "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
-                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
-                "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
-                "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
-            }
-            started = time.perf_counter()
-            outcome, ref_result = ref_child.run(ref_spec)
-            reference_s = time.perf_counter() - started
-            if not (ref_result and ref_result.get("status") == "no_room"):
-                break
-            ref_child.discard()
-            if not self.exchange_budget.wait_for_release(options.timeout_s):
-                break  # nothing of ours will free room: the reference's own reason becomes the group's verdict
+        ref_child, outcome, ref_result, reference_s, ref_waits = self._run_reference(reference, device, options, seeds)
         with contextlib.ExitStack() as group:
             group.enter_context(self.exchange_budget.hold(ref_result.get("files_bytes", 0) if ref_result else 0))
             group.callback(ref_child.discard)  # its files go before the hold on them does
@@ -146,18 +127,64 @@ class Evaluator:
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
+    def _run_reference(self, reference: str, device: str, options: EvalOptions,
+                       seeds: dict[str, Any]) -> tuple[Child, SandboxResult, dict[str, Any] | None, float, dict[str, float]]:
+        """The reference child, run again while the scratch filesystem has no room for its files yet,
+        or after it ran out of device memory that other children held; (child, outcome, result,
+        seconds, waits) of its last run."""
+        memory_retries = 0
+        while True:
+            started = time.perf_counter()
+            self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
+            admitted = time.perf_counter()
+            ref_child = self.pool(device, options.timeout_s).take()
+            ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
+            (ref_child.workdir / "reference.py").write_text(reference)
+            ref_spec = {
+                "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
+                "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
+                "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
+                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+                "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
+                "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
+            }
+            started = time.perf_counter()
+            with self.device_users.use() as seen:
+                outcome, ref_result = ref_child.run(ref_spec)
+            reference_s = time.perf_counter() - started
+            status = ref_result.get("status") if ref_result else None
+            if status == "no_room":
+                wait = functools.partial(self.exchange_budget.wait_for_release, options.timeout_s)
+            elif status == "out_of_memory" and memory_retries < MEMORY_RETRIES:
+                memory_retries += 1
+                wait = functools.partial(self.device_users.others_finished_since, seen, options.timeout_s)
+            else:
+                if ref_result is not None and memory_retries:
+                    ref_result["memory_retries"] = memory_retries
+                return ref_child, outcome, ref_result, reference_s, ref_waits
+            ref_child.discard()  # its files and device memory go before the wait
+            if not wait():  # nothing of ours will free what it lacks: its own reason becomes the group's verdict
+                return ref_child, outcome, ref_result, reference_s, ref_waits
+
     def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         cases = ref_result["cases"]
         # the refresh trial (needs two cases), the knockout and, where it is timed, the last timed call
         extra_outputs = (cases > 1) + 1 + (options.measure_speed and device == "cuda")
-        started = time.perf_counter()
-        with self.exchange_budget.reserve((cases + extra_outputs) * ref_result.get("output_bytes", 0)):
-            admitted = time.perf_counter()
-            child = self.pool(device, options.timeout_s).take()
-            waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
-            verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+        for attempt in range(MEMORY_RETRIES + 1):
+            started = time.perf_counter()
+            with self.exchange_budget.reserve((cases + extra_outputs) * ref_result.get("output_bytes", 0)):
+                admitted = time.perf_counter()
+                child = self.pool(device, options.timeout_s).take()
+                waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
+                with self.device_users.use() as seen:
+                    verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+            if (not verdict.details.get("out_of_memory") or attempt == MEMORY_RETRIES
+                    or not self.device_users.others_finished_since(seen, options.timeout_s)):
+                break
         verdict.details.setdefault("seconds", {})["waiting"] = waits
+        if attempt:
+            verdict.details["memory_retries"] = attempt
         return verdict
 
     def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
@@ -186,6 +213,8 @@ class Evaluator:
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)),
                                          fingerprints=result.get("output_fingerprints"), key=fingerprint_key)
             verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
+            if result.get("out_of_memory") is True:
+                verdict.details["out_of_memory"] = True
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "

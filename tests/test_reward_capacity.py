@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from reward_cases import CORRECT, HACKS, RELU_REFERENCE
-from reward_svc.admission import ExchangeBudget
-from reward_svc.evaluate import EvalOptions, Evaluator
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
+from reward_svc.admission import DeviceUsers, ExchangeBudget
+from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.sandbox import ChildPool, Layout, owner_tag
 from services.sandbox import run_sandboxed
@@ -189,3 +189,73 @@ def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, m
     assert result["status"] == "ok" and result["cases"] == 2 and len(result["rounding_noise"]) == 2
     assert sorted(p.name for p in (tmp_path / "exchange").iterdir()) == ["init_0.pt", "init_1.pt", "inputs_0.pt", "inputs_1.pt"]
     assert sorted(p.name for p in tmp_path.glob("expected_*.pt")) == ["expected_0.pt", "expected_1.pt"]
+
+
+def test_device_users_tell_a_shortage_of_others_from_ones_own() -> None:
+    users = DeviceUsers()
+    with users.use() as seen:
+        pass
+    assert not users.others_finished_since(seen, timeout_s=5)  # alone: no one else held the memory
+    other_started, other_may_end = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with users.use():
+            other_started.set()
+            other_may_end.wait(5)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    other_started.wait(5)
+    with users.use() as seen:
+        pass
+    assert not users.others_finished_since(seen, timeout_s=0.2)  # the other still runs: time is up
+    threading.Timer(0.3, other_may_end.set).start()
+    assert users.others_finished_since(seen, timeout_s=10)  # ...until it ends
+    thread.join()
+    with users.use() as seen:
+        with users.use():  # one that began and ended while this one ran
+            pass
+    assert users.others_finished_since(seen, timeout_s=0)
+
+
+OUT_OF_MEMORY = "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 6.00 GiB')"
+
+
+def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: Callable[..., Settings]) -> None:
+    """Children that run out of device memory while other work of the worker holds it (stood for by
+    two uses this test holds, ending at two deadlines) run again once one of those ends: a
+    reference short of memory until the first deadline is then run and its group judged; a
+    candidate always short of it runs once more after the second, and then, alone, gets the
+    shortage as its verdict. A reference short of memory alone gets the reason at once."""
+    evaluator = Evaluator(kz_env(reward_warm_children=2))
+    first, second = time.time() + 12, time.time() + 24
+    reference = RELU_REFERENCE.replace("    def forward(self, x):\n",
+                                       f"    def forward(self, x):\n        import time\n        if time.time() < {first}:\n"
+                                       f"            {OUT_OF_MEMORY}\n")
+
+    def hold_until(deadline: float) -> None:
+        with evaluator.device_users.use():
+            time.sleep(max(0.0, deadline - time.time()))
+
+    holders = [threading.Thread(target=hold_until, args=(d,)) for d in (first, second)]
+    try:
+        for holder in holders:
+            holder.start()
+        evaluation = evaluator.evaluate_group(reference, [CORRECT, candidate(OUT_OF_MEMORY)], EvalOptions(device="cpu", timeout_s=120))
+        ended = time.time()
+        correct, short = evaluation.verdicts
+        assert evaluation.reference["memory_retries"] == 1 and ended > second
+        assert correct.status == "correct" and "memory_retries" not in correct.details, correct.reason
+        assert short.status == "runtime_error" and short.reason.startswith("out of memory while running ModelNew"), short.reason
+        # once after the other candidate, if it ended while this one ran, and once after the second use
+        assert short.details["out_of_memory"] and 1 <= short.details["memory_retries"] <= MEMORY_RETRIES
+        for holder in holders:
+            holder.join()
+
+        started = time.monotonic()
+        alone = evaluator.evaluate_group(reference.replace(str(first), str(time.time() + 600)), [CORRECT],
+                                         EvalOptions(device="cpu", timeout_s=120)).verdicts[0]
+        assert alone.status == "runtime_error" and "out of cpu memory: CUDA out of memory" in alone.reason, alone.reason
+        assert time.monotonic() - started < 60
+    finally:
+        evaluator.close()

@@ -100,7 +100,7 @@ def _failure(exc: BaseException, during: str) -> dict[str, Any]:
     if _is_compile_error(exc):
         return {"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail}
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return {"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail}
+        return {"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail, "out_of_memory": True}
     return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail}
 
 

@@ -36,6 +36,13 @@ def make_init_inputs(module: Any, weight_seed: int) -> list[Any]:
 
 
 def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    try:
+        return _run_reference(spec, workdir)
+    except torch.OutOfMemoryError as exc:  # the worker runs it again once other children give their memory back
+        return {"status": "out_of_memory", "reason": f"out of {spec['device']} memory: {str(exc).splitlines()[0][:300]}"}
+
+
+def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     device, lock = spec["device"], spec.get("gpu_lock")
     phases = Phases()
     module = import_file(Path(spec["reference_path"]), "kz_reference")
