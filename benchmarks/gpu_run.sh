@@ -14,7 +14,8 @@
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
-# `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl).
+# `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl), EVAL_REDO
+# (statuses to evaluate again on resume, e.g. runtime_error).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benchmarks/gpu_env.sh || exit 1
@@ -45,7 +46,8 @@ for step in "$@"; do
             mkdir -p "$RESULTS/eval"
             [ -n "${EVAL_RESUME:-}" ] && cp "$EVAL_RESUME" "$RESULTS/eval/samples.jsonl"
             python3 -m services.cli.main eval --problems "$KB/KernelBench" --levels "$arg" --backend triton --samples 1 \
-                --model-backend template --device cuda --concurrency "${EVAL_CONCURRENCY:-2}" --out "$RESULTS/eval" ;;
+                --model-backend template --device cuda --concurrency "${EVAL_CONCURRENCY:-2}" ${EVAL_REDO:+--redo "$EVAL_REDO"} \
+                --out "$RESULTS/eval" ;;
         reward)
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
         *)

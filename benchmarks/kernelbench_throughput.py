@@ -39,6 +39,7 @@ import multiprocessing as mp
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -255,7 +256,8 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
     summary.update(concurrency=concurrency, group=group, warm_children=warm_children(evaluator.settings, "cuda"),
-                   pool_warm_at_start=warmed, utilisation=sampler.summary(), cut=cut)
+                   pool_warm_at_start=warmed, utilisation=sampler.summary(), cut=cut,
+                   exchange={"budget_bytes": evaluator.exchange_max_bytes, "scratch_total_bytes": shutil.disk_usage(evaluator.layout.exchange).total})
     return summary
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import typer
 from rich.console import Console
@@ -20,6 +20,16 @@ def _choice(value: str, allowed: tuple[str, ...]) -> Any:
     if value not in allowed:
         raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}")
     return value
+
+
+def _statuses(values: list[str]) -> frozenset[str]:
+    from services.schemas.reward import VerdictStatus
+
+    wanted = frozenset(part.strip() for value in values for part in value.split(",") if part.strip())
+    known = (*get_args(VerdictStatus), "declined")
+    for status in wanted:
+        _choice(status, known)
+    return wanted
 
 
 def _generator(model_backend: str | None) -> Any:
@@ -87,6 +97,8 @@ def evaluate(
     timeout: float = typer.Option(180.0, "--timeout", help="Wall-clock limit of each sandboxed child, seconds."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed, where the backend honours one."),
     concurrency: int = typer.Option(1, "--concurrency", min=1, max=32, help="Problems scored at once (GPU: 4 overlaps compiles with timing)."),
+    redo: list[str] = typer.Option([], "--redo", help="On resume, evaluate again the samples with these statuses: --redo runtime_error,timeout "
+                                   "(samples whose generator or scorer failed are always redone)."),
 ) -> None:
     """pass@k, fast_p and geometric-mean speedup of a model on a problem set: JSON, markdown, plot."""
     from coder_svc.best_of_n import LocalScorer
@@ -99,6 +111,7 @@ def evaluate(
         wanted = sorted({int(part) for value in levels for part in value.split(",") if part.strip()})
     except ValueError:
         raise typer.BadParameter(f"levels must be integers, got {levels}") from None
+    redo_statuses = _statuses(redo)
     found = discover(problems, wanted or None, limit)
     if not found:
         console.print(f"[red]no problem files under {problems}[/]")
@@ -109,7 +122,7 @@ def evaluate(
     evaluator = Evaluator()
     try:
         harness = Harness(generator, LocalScorer(evaluator), kernel_backend, samples, options, _sampling(samples, seed), out,
-                          concurrency)
+                          concurrency, redo_statuses)
         records = harness.run(found)
     finally:
         evaluator.close()

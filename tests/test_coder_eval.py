@@ -174,14 +174,15 @@ def test_report_with_measured_speedups(tmp_path: Path) -> None:
 
 def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable[..., Settings], free_port: Callable[[], int],
                                           problems: Path, tmp_path: Path) -> None:
-    """An endpoint that does not answer gives error records (the run goes on); the next run redoes them."""
+    """An endpoint that does not answer gives error records (the run goes on); the next run redoes
+    them, and keeps verdicts unless their status is one it was asked to redo."""
     settings = kz_env(coder_openai_base_url=f"http://127.0.0.1:{free_port()}/v1", coder_model="nobody", coder_max_retries=0)
     relu = [p for p in discover(problems) if p.id == "1_ReLU"]
     out = tmp_path / "eval"
 
-    def run(kind: str) -> list[dict[str, object]]:
+    def run(kind: str, redo: frozenset[str] = frozenset()) -> list[dict[str, object]]:
         harness = Harness(build_generator(kind, settings), LocalScorer(evaluator), "triton", 1, ScoreOptions(device="cpu"),  # type: ignore[arg-type]
-                          Sampling(n=1), out)
+                          Sampling(n=1), out, redo=redo)
         return harness.run(relu)
 
     [failed] = run("openai")
@@ -189,6 +190,9 @@ def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable
     [retried] = run("template")
     assert retried["status"] == "correct" and retried["sample"] == 0
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2  # both kept in the file; the latest counts
+    assert run("template") == [retried] and len((out / "samples.jsonl").read_text().splitlines()) == 2  # a verdict is kept...
+    [redone] = run("template", redo=frozenset({"correct"}))  # ...unless its status is to be redone (after a scorer fix)
+    assert redone["status"] == "correct" and redone != retried and len((out / "samples.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.slow

@@ -94,6 +94,7 @@ class Harness:
     sampling: Sampling
     out: Path
     concurrency: int = 1
+    redo: frozenset[str] = frozenset()  # statuses evaluated again on resume (besides errors): after a scorer fix, say
 
     def __post_init__(self) -> None:
         self._generation_lock = threading.Lock()
@@ -103,7 +104,7 @@ class Harness:
         """Evaluate what is missing; return every record of these problems (old and new)."""
         self.out.mkdir(parents=True, exist_ok=True)
         drop_partial_line(self.out / SAMPLES_FILE)
-        done = {(r["problem"], r["sample"]) for r in load_records(self.out) if r["status"] != ERROR}
+        done = {(r["problem"], r["sample"]) for r in load_records(self.out) if r["status"] != ERROR and r["status"] not in self.redo}
         todo = {p.id: [i for i in range(self.samples) if (p.id, i) not in done] for p in problems}
         with progress or _progress() as bar:
             task = bar.add_task("evaluating", total=len(problems) * self.samples,
