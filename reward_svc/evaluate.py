@@ -30,6 +30,7 @@ from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
+OUTPUTS_IN_FLIGHT = 1  # a candidate's published output files not yet judged; its harness waits beyond them
 
 
 @dataclass(frozen=True)
@@ -170,10 +171,12 @@ class Evaluator:
                             ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
         cases = ref_result["cases"]
         # the refresh trial (needs two cases), the knockout and, where it is timed, the last timed call
-        extra_outputs = (cases > 1) + 1 + (options.measure_speed and device == "cuda")
+        outputs = cases + (cases > 1) + 1 + (options.measure_speed and device == "cuda")
+        # judged as they come (OutputStream): those waiting for the judge, and the one being written
+        at_once = min(outputs, OUTPUTS_IN_FLIGHT + 1)
         for attempt in range(MEMORY_RETRIES + 1):
             started = time.perf_counter()
-            with self.exchange_budget.reserve((cases + extra_outputs) * ref_result.get("output_bytes", 0)):
+            with self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)):
                 admitted = time.perf_counter()
                 child = self.pool(device, options.timeout_s).take()
                 waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
@@ -189,7 +192,7 @@ class Evaluator:
 
     def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                        ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
-        from reward_svc.verify import FileComparer, judge
+        from reward_svc.verify import FileComparer, OutputStream, judge
 
         try:
             cached = self.builds.lookup(source)
@@ -201,17 +204,18 @@ class Evaluator:
                 "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
                 "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
                 "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
-                "fingerprint_key": fingerprint_key,
+                "fingerprint_key": fingerprint_key, "outputs_in_flight": OUTPUTS_IN_FLIGHT,
             }
+            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
             started = time.perf_counter()
-            outcome, result = child.run(spec)
+            with OutputStream(compare_files, child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise")):
+                outcome, result = child.run(spec)
             candidate_s = time.perf_counter() - started
             if result is None:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
             started = time.perf_counter()
-            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)),
-                                         fingerprints=result.get("output_fingerprints"), key=fingerprint_key)
+            compare_files.expect(result.get("output_fingerprints"))
             verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
             if result.get("out_of_memory") is True:
                 verdict.details["out_of_memory"] = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ FALLBACK_WORK_SHARE = 0.5
 # Outputs up to this size are judged on the host: milliseconds there, and no wait for the device lock
 # (behind a queued timing, seconds on a busy GPU worker) for a comparison the device cannot speed up.
 HOST_JUDGE_MAX_BYTES = 64 << 20
+Comparison = tuple[bool, str, float]  # (ok, why not, max abs error)
 
 
 @dataclass(frozen=True)
@@ -61,58 +63,120 @@ class FileComparer:
     stays mapped (the refresh and knockout trials compare against case 0 again), beside the latest
     one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB).
 
-    With ``fingerprints`` (name -> what the candidate's harness took under ``key`` when the trial
-    ended), each output must still be those bytes: candidate code that ran after a trial (the next
-    one, timing) may have rewritten its file."""
+    Under ``key`` each output must still be the bytes the candidate's harness fingerprinted when its
+    trial ended (``fingerprints``, reported once the child is done): candidate code that ran after
+    a trial (the next one, timing) may have rewritten its file. An output judged while the child
+    still ran (``consume``) is held to the fingerprint of the bytes that were judged."""
 
     def __init__(self, tolerance: Tolerance, device: str = "cpu",
                  lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
                  fingerprints: dict[str, list[int]] | None = None, key: int | None = None) -> None:
         self.tolerance, self.device, self.lock = tolerance, device, lock
         self.key = key
-        self.fingerprints = fingerprints if isinstance(fingerprints, dict) else {}  # read from the child's result: untrusted
+        self.expect(fingerprints)
         self._loaded: dict[Path, Any] = {}
+        self._judged: dict[str, tuple[list[int] | None, Comparison | EarlyVerdict]] = {}
+
+    def expect(self, fingerprints: dict[str, list[int]] | None) -> None:
+        """The fingerprints the candidate's harness reported (read from the child's result: untrusted)."""
+        self.fingerprints = fingerprints if isinstance(fingerprints, dict) else {}
 
     def produced(self, output: Path) -> bool:
         """Whether the trial behind ``output`` ran: its harness says so where it fingerprints (a file
         deleted later must not pass for a trial that never ran), else the file's presence."""
         return output.stem in self.fingerprints if self.key is not None else output.exists()
 
-    def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> tuple[bool, str, float]:
+    def consume(self, output: Path, expected: Path, noise: float | list[float] | None = None) -> None:
+        """Judge ``output`` now, while the child may still run, and let its file go."""
+        self._judged[output.stem] = self._judge_file(output, expected, noise)
+        output.unlink(missing_ok=True)
+
+    def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> Comparison:
+        seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, noise)
+        if seen is not None:
+            self._check_fingerprint(output.stem, seen)
+        if isinstance(outcome, EarlyVerdict):
+            raise outcome
+        return outcome
+
+    def _judge_file(self, output: Path, expected: Path, noise: Any) -> tuple[list[int] | None, Comparison | EarlyVerdict]:
+        """(the fingerprint of the bytes judged, where they loaded; the comparison or the verdict it ends in)."""
         try:
             out = tensors.load(output)
         except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
-            raise EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
-                                       f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering")) from exc
+            return None, EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
+                                              f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering"))
         if expected not in self._loaded:
             self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
             self._loaded[expected] = tensors.load(expected)
         on_host = self.device == "cpu" or expected.stat().st_size <= HOST_JUDGE_MAX_BYTES  # the same choice for every trial
         device = "cpu" if on_host else self.device
+        seen = None
         try:
             with contextlib.nullcontext() if on_host else self.lock():
                 out = tensors.to_device(out, device)
-                self._check_fingerprint(output.stem, out)
-                return compare(out, tensors.to_device(self._loaded[expected], device), self.tolerance, noise)
-        except EarlyVerdict:
-            raise
-        except torch.OutOfMemoryError as exc:
-            raise EarlyVerdict(Verdict("runtime_error", f"not judged: the judge ran out of {device} memory comparing "
-                                       f"{output.stem} (the device is shared with other evaluations)",
-                                       details={"out_of_memory": True})) from exc
+                seen = tensors.fingerprint(out, self.key) if self.key is not None else None
+                return seen, compare(out, tensors.to_device(self._loaded[expected], device), self.tolerance, noise)
+        except torch.OutOfMemoryError:
+            return seen, EarlyVerdict(Verdict("runtime_error", f"not judged: the judge ran out of {device} memory comparing "
+                                              f"{output.stem} (the device is shared with other evaluations)",
+                                              details={"out_of_memory": True}))
         except Exception as exc:  # noqa: BLE001 (a tensor that loads but cannot be compared: the candidate's verdict)
-            raise EarlyVerdict(Verdict("incorrect", f"{output.stem} cannot be compared with the reference's output: "
-                                       f"{type(exc).__name__}: {exc}"[:500])) from exc
+            return seen, EarlyVerdict(Verdict("incorrect", f"{output.stem} cannot be compared with the reference's output: "
+                                              f"{type(exc).__name__}: {exc}"[:500]))
 
-    def _check_fingerprint(self, name: str, out: Any) -> None:
-        if self.key is None:
-            return
+    def _check_fingerprint(self, name: str, seen: list[int]) -> None:
         recorded = self.fingerprints.get(name)
-        if recorded is None or tensors.fingerprint(out, self.key) != recorded:
+        if recorded is None or seen != recorded:
             raise EarlyVerdict(Verdict(
                 "rejected", f"the output file of {name} is not what the trial returned: it was "
                 f"{'written by someone other than the harness' if recorded is None else 'rewritten after the trial ended'}",
                 guard="output_tampering"))
+
+
+def trial_files(cases: int) -> dict[str, int]:
+    """The output files a candidate's harness writes, by name, each with the case it is judged against."""
+    return {**{f"output_{case}": case for case in range(cases)}, "output_refresh": 0, "output_knockout": 0, "output_timed": 0}
+
+
+class OutputStream:
+    """Judges a candidate's output files while its child still runs, each as soon as the harness
+    publishes it, and lets it go. The harness publishes its next output only once fewer than
+    ``evaluate.OUTPUTS_IN_FLIGHT`` wait (a bounded wait), so a candidate's files in the scratch dir stay at
+    about two outputs, not all six (three trials, refresh, knockout, timed calls), and judging
+    overlaps the child's later trials and timing. What is left when the child ends is judged in place."""
+
+    POLL_S = 0.01
+
+    def __init__(self, compare_files: FileComparer, cand_dir: Path, ref_dir: Path, cases: int, noise: list[Any] | None) -> None:
+        self.compare_files, self.cand_dir, self.ref_dir = compare_files, cand_dir, ref_dir
+        self.pending = trial_files(cases)
+        self.noise = noise or [None] * cases
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="output-stream", daemon=True)
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> OutputStream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            while self.pending and not self._stop.is_set():
+                for name, case in list(self.pending.items()):
+                    output = self.cand_dir / f"{name}.pt"
+                    if output.exists():
+                        self.compare_files.consume(output, self.ref_dir / f"expected_{case}.pt", self.noise[case])
+                        del self.pending[name]
+                self._stop.wait(self.POLL_S)
+        except BaseException as exc:  # noqa: BLE001 (a judge bug: raised in the worker's thread once the child is done)
+            self._error = exc
 
 
 def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,

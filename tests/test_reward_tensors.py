@@ -149,3 +149,76 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
     outputs.write(outputs.take("output_timed", torch.load(ref_dir / "expected_0.pt")))
     honest = verdict()
     assert honest.status == "correct" and honest.speedup == 1000.0, honest.reason
+
+
+def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp_path: Path) -> None:
+    """While the candidate's child runs, the worker judges each output file it publishes and lets it
+    go, and the harness publishes the next only then: a candidate's files in the scratch dir stay at
+    one published output (and one being written). The verdict is the one judged in place."""
+    import threading
+    import time
+
+    from reward_svc import verify
+    from reward_svc.harness.candidate import TrialOutputs
+
+    key = 31337
+    _, ref_dir, _ = _trial_files(tmp_path / "layout", key)
+    cand_dir = tmp_path / "streamed"
+    cand_dir.mkdir()
+    expected = [torch.load(ref_dir / f"expected_{case}.pt") for case in (0, 1)]
+    compare_files = verify.FileComparer(verify.Tolerance(), key=key)
+    outputs = TrialOutputs(cand_dir, key, in_flight=1)
+    published = []
+    with verify.OutputStream(compare_files, cand_dir, ref_dir, cases=2, noise=None):
+        for name, value in [("output_0", expected[0]), ("output_1", expected[1] + 1), ("output_refresh", expected[0]),
+                            ("output_knockout", torch.zeros(64))]:
+            outputs.write(outputs.take(name, value.clone()))
+            published.append(len(list(cand_dir.glob("output_*.pt"))))
+    assert published == [1, 1, 1, 1]
+    compare_files.expect(outputs.fingerprints)
+    result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
+    verdict = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    assert verdict.status == "incorrect" and verdict.reason.startswith("trial 2 of 2"), verdict.reason
+
+    # Unjudged, the harness waits for the judge: within its bound, then it publishes anyway.
+    waiting = TrialOutputs(tmp_path / "layout" / "cand", key, in_flight=1, wait_s=30)
+    (tmp_path / "layout" / "cand" / "output_timed.pt").unlink(missing_ok=True)
+    writer = threading.Thread(target=waiting.write, args=(waiting.take("output_timed", expected[0]),))
+    writer.start()
+    time.sleep(0.5)
+    assert not (tmp_path / "layout" / "cand" / "output_timed.pt").exists()  # four published files wait for the judge
+    for name in ("output_0", "output_1", "output_refresh", "output_knockout"):
+        (tmp_path / "layout" / "cand" / f"{name}.pt").unlink()
+    writer.join(10)
+    assert (tmp_path / "layout" / "cand" / "output_timed.pt").exists()
+    (tmp_path / "late").mkdir()
+    late = TrialOutputs(tmp_path / "late", key, in_flight=1, wait_s=0.2)
+    late.write(late.take("output_0", expected[0]))
+    late.write(late.take("output_1", expected[1]))  # nobody judges: published after the bound
+    assert sorted(p.name for p in (tmp_path / "late").iterdir()) == ["output_0.pt", "output_1.pt"]
+
+
+def test_an_output_judged_early_is_held_to_the_bytes_its_trial_returned(tmp_path: Path) -> None:
+    """A file rewritten before the judge takes it is caught by its fingerprint, as when judged at the
+    end; one written again after the judge took it changes nothing: the bytes judged were the trial's."""
+    from reward_svc import verify
+
+    key = 2718
+    result, ref_dir, cand_dir = _trial_files(tmp_path, key)
+
+    def judged_early(rewrite_before: torch.Tensor | None = None, rewrite_after: torch.Tensor | None = None) -> verify.Verdict:
+        compare_files = verify.FileComparer(verify.Tolerance(), key=key)
+        if rewrite_before is not None:
+            tensors.save(cand_dir / "output_1.pt", rewrite_before)
+        compare_files.consume(cand_dir / "output_1.pt", ref_dir / "expected_1.pt")
+        assert not (cand_dir / "output_1.pt").exists()
+        if rewrite_after is not None:
+            tensors.save(cand_dir / "output_1.pt", rewrite_after)
+        compare_files.expect(result["output_fingerprints"])
+        return verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+
+    assert judged_early(rewrite_after=torch.zeros(64)).status == "correct"
+    one_ulp_off = torch.load(ref_dir / "expected_1.pt").clone()
+    one_ulp_off[0] = torch.nextafter(one_ulp_off[0], torch.tensor(float("inf")))
+    rewritten = judged_early(rewrite_before=one_ulp_off)
+    assert rewritten.guard == "output_tampering" and "rewritten" in rewritten.reason, rewritten.reason

@@ -107,10 +107,15 @@ def _failure(exc: BaseException, during: str) -> dict[str, Any]:
 class TrialOutputs:
     """Trial outputs on their way to the judge: each is fingerprinted where it was computed and
     copied to the host inside the trial's device hold (``take``), then written and let go
-    outside it (``write``)."""
+    outside it (``write``). With ``in_flight``, a file is published (renamed into place, whole)
+    only once fewer than that many published ones wait for the judge, which takes them while this
+    child runs; after ``wait_s`` it is published anyway (the judge is late, not gone)."""
 
-    def __init__(self, workdir: Path, key: int) -> None:
+    POLL_S = 0.005
+
+    def __init__(self, workdir: Path, key: int, in_flight: int | None = None, wait_s: float = 60.0) -> None:
         self.workdir, self.key = workdir, key
+        self.in_flight, self.wait_s = in_flight, wait_s
         self.fingerprints: dict[str, list[int]] = {}
 
     def take(self, name: str, output: Any) -> tuple[str, Any]:
@@ -119,7 +124,15 @@ class TrialOutputs:
 
     def write(self, taken: tuple[str, Any]) -> None:
         name, host = taken
-        tensors.save(self.workdir / f"{name}.pt", host)
+        part = self.workdir / f"{name}.pt.part"
+        tensors.save(part, host)
+        self._wait_for_the_judge()
+        os.replace(part, self.workdir / f"{name}.pt")
+
+    def _wait_for_the_judge(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while self.in_flight and len(list(self.workdir.glob("output_*.pt"))) >= self.in_flight and time.monotonic() < deadline:
+            time.sleep(self.POLL_S)
 
 
 def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -132,7 +145,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     counter.install_triton()
     _install_compile_hooks(counter, spec)
     baseline_threads = threading.active_count()
-    outputs = TrialOutputs(workdir, spec["fingerprint_key"])
+    outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"))
     observations: dict[str, Any] = {"launches_per_case": []}
 
     try:
