@@ -54,14 +54,18 @@ class EarlyVerdict(Exception):
         self.verdict = verdict
 
 
+Judged = tuple[list[int] | None, Comparison | EarlyVerdict]  # (fingerprint of the bytes judged, what judging them gave)
+
+
 class FileComparer:
-    """Compares an output file with its expected file where the judge runs. Files are memory-mapped:
-    in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in ten times faster than
+    """Compares an output file with its expected file where the judge runs. Files the child can no
+    longer touch are memory-mapped: in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in ten times faster than
     ``torch.load`` copies it (0.1-0.2 s against 2 s on the 2-core CI machine); on a GPU only the copy
     to the device and the arithmetic hold ``lock``, and only for outputs above
     ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
     stays mapped (the refresh and knockout trials compare against case 0 again), beside the latest
-    one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB).
+    one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB),
+    and one the device has no room for is compared on the host.
 
     Under ``key`` each output must still be the bytes the candidate's harness fingerprinted when its
     trial ended (``fingerprints``, reported once the child is done): candidate code that ran after
@@ -75,7 +79,7 @@ class FileComparer:
         self.key = key
         self.expect(fingerprints)
         self._loaded: dict[Path, Any] = {}
-        self._judged: dict[str, tuple[list[int] | None, Comparison | EarlyVerdict]] = {}
+        self._judged: dict[str, Judged] = {}
 
     def expect(self, fingerprints: dict[str, list[int]] | None) -> None:
         """The fingerprints the candidate's harness reported (read from the child's result: untrusted)."""
@@ -87,9 +91,13 @@ class FileComparer:
         return output.stem in self.fingerprints if self.key is not None else output.exists()
 
     def consume(self, output: Path, expected: Path, noise: float | list[float] | None = None) -> None:
-        """Judge ``output`` now, while the child may still run, and let its file go."""
-        self._judged[output.stem] = self._judge_file(output, expected, noise)
-        output.unlink(missing_ok=True)
+        """Judge ``output`` now, while the child may still run, and let its file go. The file is
+        read into this process's memory, not mapped: through a mapping, the child could change the
+        bytes between the fingerprint and the comparison, or cut the file short under the reader
+        (SIGBUS, the worker's death)."""
+        self._judged[output.stem] = self._judge_file(output, expected, noise, private=True)
+        with contextlib.suppress(OSError):  # a directory planted under the name: left, and judged in place
+            output.unlink(missing_ok=True)
 
     def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> Comparison:
         seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, noise)
@@ -99,30 +107,35 @@ class FileComparer:
             raise outcome
         return outcome
 
-    def _judge_file(self, output: Path, expected: Path, noise: Any) -> tuple[list[int] | None, Comparison | EarlyVerdict]:
+    def _judge_file(self, output: Path, expected: Path, noise: Any, *, private: bool = False) -> Judged:
         """(the fingerprint of the bytes judged, where they loaded; the comparison or the verdict it ends in)."""
         try:
-            out = tensors.load(output)
+            out = tensors.load(output, mmap=not private)
         except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
             return None, EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
                                               f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering"))
         if expected not in self._loaded:
             self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
             self._loaded[expected] = tensors.load(expected)
-        on_host = self.device == "cpu" or expected.stat().st_size <= HOST_JUDGE_MAX_BYTES  # the same choice for every trial
-        device = "cpu" if on_host else self.device
+        if self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES:  # the same choice for every trial
+            judged = self._compare_on(self.device, output.stem, out, self._loaded[expected], noise)
+            if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
+                return judged
+        return self._compare_on("cpu", output.stem, out, self._loaded[expected], noise)  # small, or the device is full
+
+    def _compare_on(self, device: str, name: str, out: Any, expected: Any, noise: Any) -> Judged:
         seen = None
         try:
-            with contextlib.nullcontext() if on_host else self.lock():
+            with contextlib.nullcontext() if device == "cpu" else self.lock():
                 out = tensors.to_device(out, device)
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
-                return seen, compare(out, tensors.to_device(self._loaded[expected], device), self.tolerance, noise)
+                return seen, compare(out, tensors.to_device(expected, device), self.tolerance, noise)
         except torch.OutOfMemoryError:
             return seen, EarlyVerdict(Verdict("runtime_error", f"not judged: the judge ran out of {device} memory comparing "
-                                              f"{output.stem} (the device is shared with other evaluations)",
+                                              f"{name} (the device is shared with other evaluations)",
                                               details={"out_of_memory": True}))
         except Exception as exc:  # noqa: BLE001 (a tensor that loads but cannot be compared: the candidate's verdict)
-            return seen, EarlyVerdict(Verdict("incorrect", f"{output.stem} cannot be compared with the reference's output: "
+            return seen, EarlyVerdict(Verdict("incorrect", f"{name} cannot be compared with the reference's output: "
                                               f"{type(exc).__name__}: {exc}"[:500]))
 
     def _check_fingerprint(self, name: str, seen: list[int]) -> None:
@@ -171,7 +184,11 @@ class OutputStream:
             while self.pending and not self._stop.is_set():
                 for name, case in list(self.pending.items()):
                     output = self.cand_dir / f"{name}.pt"
-                    if output.exists():
+                    try:
+                        published = output.is_file()
+                    except OSError:  # the candidate made its dir unreadable: left to the judge in place
+                        continue
+                    if published:
                         self.compare_files.consume(output, self.ref_dir / f"expected_{case}.pt", self.noise[case])
                         del self.pending[name]
                 self._stop.wait(self.POLL_S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,6 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     go, and the harness publishes the next only then: a candidate's files in the scratch dir stay at
     one published output (and one being written). The verdict is the one judged in place."""
     import threading
-    import time
 
     from reward_svc import verify
     from reward_svc.harness.candidate import TrialOutputs
@@ -222,3 +222,48 @@ def test_an_output_judged_early_is_held_to_the_bytes_its_trial_returned(tmp_path
     one_ulp_off[0] = torch.nextafter(one_ulp_off[0], torch.tensor(float("inf")))
     rewritten = judged_early(rewrite_before=one_ulp_off)
     assert rewritten.guard == "output_tampering" and "rewritten" in rewritten.reason, rewritten.reason
+
+
+def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child still runs while its outputs are judged: bytes it writes into a published file
+    after the judge fingerprinted it must not be the ones compared (a mapped file would show them),
+    and a directory planted under an output's name costs the candidate its verdict, not the group's."""
+    from reward_svc import verify
+
+    key = 1618
+    result, ref_dir, cand_dir = _trial_files(tmp_path, key)
+    wrong = torch.zeros(64)
+    tensors.save(cand_dir / "output_1.pt", wrong)
+    result["output_fingerprints"]["output_1"] = tensors.fingerprint(wrong, key)  # what the trial returned: wrong
+    right = tmp_path / "right" / "output_1.pt"  # the same name: the same archive layout, so the same size
+    right.parent.mkdir()
+    tensors.save(right, torch.load(ref_dir / "expected_1.pt"))
+    assert right.stat().st_size == (cand_dir / "output_1.pt").stat().st_size
+    fingerprint = tensors.fingerprint
+
+    def rewrite_after_fingerprint(obj, fingerprint_key):  # the child's native code, racing the judge
+        taken = fingerprint(obj, fingerprint_key)
+        if fingerprint_key == key and (cand_dir / "output_1.pt").exists():
+            with open(cand_dir / "output_1.pt", "r+b") as same_file:
+                same_file.write(right.read_bytes())
+        return taken
+
+    compare_files = verify.FileComparer(verify.Tolerance(), key=key)
+    with monkeypatch.context() as patch:
+        patch.setattr(verify.tensors, "fingerprint", rewrite_after_fingerprint)
+        compare_files.consume(cand_dir / "output_1.pt", ref_dir / "expected_1.pt")
+    compare_files.expect(result["output_fingerprints"])
+    judged = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    assert judged.status == "incorrect" and judged.reason.startswith("trial 2 of 2"), judged.reason
+
+    result, ref_dir, cand_dir = _trial_files(tmp_path / "planted", key)
+    (cand_dir / "output_0.pt").unlink()
+    (cand_dir / "output_0.pt").mkdir()
+    compare_files = verify.FileComparer(verify.Tolerance(), key=key)
+    with verify.OutputStream(compare_files, cand_dir, ref_dir, cases=2, noise=None):
+        deadline = time.monotonic() + 10
+        while (cand_dir / "output_1.pt").exists() and time.monotonic() < deadline:  # the stream takes the real ones
+            time.sleep(0.01)
+    compare_files.expect(result["output_fingerprints"])
+    planted = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    assert planted.guard == "output_tampering" and "missing or unreadable" in planted.reason, planted.reason
