@@ -201,8 +201,11 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
     if status != "ok":
+        details = {"observations": observations, "traceback": cand_result.get("traceback")}
+        if cand_result.get("out_of_memory") is True:  # the harness ran short of memory: the worker may run it again
+            details["out_of_memory"] = True
         return Verdict(status=status or "runtime_error", reason=cand_result.get("reason", "no reason given"),
-                       guard=cand_result.get("guard"), details={"observations": observations, "traceback": cand_result.get("traceback")})
+                       guard=cand_result.get("guard"), details=details)
     rejection = guard_observations(observations, ref_result.get("compute_ops", {}))
     if rejection:
         guard, reason = rejection
