@@ -25,6 +25,14 @@ CONCURRENCY=${CONCURRENCY:-8}
 RESULTS=${OUT:-gpu-results}
 PYTHON=$(type -P python3)
 mkdir -p "$RESULTS"
+# Host memory and its largest processes every 5 s: a GPU child has no address-space limit, so
+# a step the OOM killer cut can be read back from here.
+echo "scratch: $(df -h --output=size,used "$KZ_REWARD_SCRATCH_DIR" | tail -1)" > "$RESULTS/memory.log"
+while sleep 5; do
+    { date -u +%T; free -m | sed -n 2p; ps -eo rss=,args= --sort=-rss | head -3 | cut -c1-120; } >> "$RESULTS/memory.log"
+done &
+sampler=$!
+trap 'kill $sampler 2>/dev/null' EXIT
 
 for step in "$@"; do
     limit=600

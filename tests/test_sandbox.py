@@ -293,6 +293,21 @@ def test_segfault_reports_sigsegv(mode: str) -> None:
     assert result.describe() == "killed by SIGSEGV"
 
 
+def test_the_child_is_the_oom_killers_first_choice(mode: str) -> None:
+    # GPU children have no address-space limit: when host memory runs out, the kernel must kill
+    # the untrusted child (a verdict), not the worker that runs it; its descendants inherit it.
+    code = """
+        import json, subprocess, sys
+        own = open("/proc/self/oom_score_adj").read().strip()
+        grandchild = subprocess.run([sys.executable, "-c", "print(open('/proc/self/oom_score_adj').read().strip())"],
+                                    capture_output=True, text=True).stdout.strip()
+        print(json.dumps([own, grandchild]))
+    """
+    _, scores = run_json(code, SandboxPolicy(wall_timeout_s=20, memory_bytes=None))
+    assert scores == ["1000", "1000"]
+    assert open("/proc/self/oom_score_adj").read().strip() != "1000"  # the parent's own stays as it was
+
+
 def test_memory_hog_fails_inside_the_child(mode: str) -> None:
     code = "x = bytearray(2 << 30); print('allocated')"
     result = run_sandboxed(py(code), SandboxPolicy(wall_timeout_s=20, memory_bytes=512 << 20))

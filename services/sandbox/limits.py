@@ -3,10 +3,16 @@
 Limits are inherited across exec and fork, so setting them on the bwrap (or unshare) process
 covers everything the sandbox starts; RLIMIT_AS then also applies to bwrap itself, which
 needs only a few MiB.
+
+A GPU child has no RLIMIT_AS (CUDA reserves a huge virtual address space), so the host's memory
+can still run out. The child is therefore made the kernel's first choice when it does
+(oom_score_adj 1000): the OOM killer ends an untrusted child, which becomes a verdict, and not
+the service or worker process, whose RSS may well be larger.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable
 
@@ -37,12 +43,25 @@ def _within_hard(res: int, value: int) -> int:
     return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
+OOM_SCORE_ADJ = 1000  # the most a process may ask for; lowering it again needs CAP_SYS_RESOURCE
+
+
 def preexec(limits: Limits) -> Callable[[], None]:
-    """A preexec_fn that only calls setrlimit: the values are computed in the parent, so the
-    forked child does as little Python work as possible (preexec_fn runs between fork and exec)."""
+    """A preexec_fn that only calls setrlimit and marks the child as the OOM killer's first victim:
+    the values are computed in the parent, so the forked child does as little Python work as
+    possible (preexec_fn runs between fork and exec)."""
+    score = str(OOM_SCORE_ADJ).encode()
 
     def apply() -> None:
         for res, value in limits:
             resource.setrlimit(res, (value, value))
+        try:
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        except OSError:  # no procfs (gVisor and the like): the limits above still hold
+            return
+        try:
+            os.write(fd, score)
+        finally:
+            os.close(fd)
 
     return apply
