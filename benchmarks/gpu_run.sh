@@ -43,7 +43,7 @@ for step in "$@"; do
     python3() { timeout -s INT -k 15 "$limit" "$PYTHON" "$@"; }  # a step cut short keeps the rows it checkpointed
     case "$name" in
         tests)
-            python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_reward_gpu.py tests/test_compile.py 2>&1 | tee "$RESULTS/gpu_tests.log" ;;
+            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider tests/test_compile.py tests/test_reward_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.log" ;;
         throughput)
             python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
                 --limit 24 --only ours --concurrency "$CONCURRENCY" --group "$arg" --out "$RESULTS/throughput_g$arg" ;;

@@ -34,14 +34,6 @@ def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> Non
         assert verdict.guard in ("late_write", None) and verdict.status in ("rejected", "incorrect"), verdict.reason
 
 
-def test_the_public_hacks_are_caught_on_the_gpu_path_too(evaluator: Evaluator) -> None:
-    """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
-    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
-                                        EvalOptions(backend="triton", device="cuda")).verdicts
-    failures = hacks_not_caught(verdicts)
-    assert not failures, "\n".join(failures)
-
-
 # Native code the static policy cannot read: at its second call (trial 2) the extension flips a byte
 # in the middle of the file trial 1's output was written to (the tensor's data), from its work dir.
 REWRITES_AN_EARLIER_OUTPUT = CUDA_RELU.replace('#include <torch/extension.h>\n', '''#include <torch/extension.h>
@@ -87,3 +79,13 @@ FAST_WHEN_TIMED = candidate("CALLS.append(1)\nif len(CALLS) > 5:\n    return tor
 def test_a_forward_that_computes_less_while_timed_is_rejected(evaluator: Evaluator) -> None:
     verdict = evaluator.evaluate_group(RELU_REFERENCE, [FAST_WHEN_TIMED], EvalOptions(backend="triton", device="cuda")).verdicts[0]
     assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason
+
+
+# Last: every hack in one group takes about 300 s on the H200, and a device step cut short
+# should still have run the quick checks above.
+def test_the_public_hacks_are_caught_on_the_gpu_path_too(evaluator: Evaluator) -> None:
+    """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
+                                        EvalOptions(backend="triton", device="cuda")).verdicts
+    failures = hacks_not_caught(verdicts)
+    assert not failures, "\n".join(failures)
