@@ -8,7 +8,7 @@
 #     bash benchmarks/gpu_run.sh tests@150 throughput:4@240     # step@SECONDS: that step's time limit
 #
 # Steps:
-#   tests          pytest -m gpu (the GPU path: kernels verified and timed, GPU-only hacks)
+#   tests[:EXPR]   pytest -m gpu (the GPU path: kernels verified and timed, GPU-only hacks), -k EXPR
 #   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
@@ -43,7 +43,9 @@ for step in "$@"; do
     python3() { timeout -s INT -k 15 "$limit" "$PYTHON" "$@"; }  # a step cut short keeps the rows it checkpointed
     case "$name" in
         tests)
-            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider tests/test_compile.py tests/test_reward_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.log" ;;
+            [ "$arg" = tests ] && arg=  # tests:EXPR runs only the tests pytest -k EXPR selects
+            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_compile.py tests/test_reward_gpu.py \
+                2>&1 | tee "$RESULTS/gpu_tests${arg:+_$arg}.log" ;;
         throughput)
             python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
                 --limit 24 --only ours --concurrency "$CONCURRENCY" --group "$arg" --out "$RESULTS/throughput_g$arg" ;;

@@ -3,11 +3,14 @@ Runs on the device machine (`pytest -m gpu`); skipped where no GPU is visible.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from cuda_cases import CUDA_RELU
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate, hacks_not_caught
 from reward_svc.evaluate import EvalOptions, Evaluator
+from services.config import Settings
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -81,11 +84,15 @@ def test_a_forward_that_computes_less_while_timed_is_rejected(evaluator: Evaluat
     assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason
 
 
-# Last: every hack in one group takes about 300 s on the H200, and a device step cut short
-# should still have run the quick checks above.
-def test_the_public_hacks_are_caught_on_the_gpu_path_too(evaluator: Evaluator) -> None:
+# Last, the longest: a device step cut short has still run the quick checks above. Eight children
+# at once, as a GPU worker runs them (two took about 300 s on the H200).
+def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., Settings]) -> None:
     """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
-    verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
-                                        EvalOptions(backend="triton", device="cuda")).verdicts
+    evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=8))
+    try:
+        verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
+                                            EvalOptions(backend="triton", device="cuda")).verdicts
+    finally:
+        evaluator.close()
     failures = hacks_not_caught(verdicts)
     assert not failures, "\n".join(failures)
