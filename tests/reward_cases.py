@@ -99,7 +99,10 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
                      "precision_downgrade"),
     "computes_in_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out).float()"), "incorrect"),
     "returns_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out)"), "incorrect"),
-    "returns_uninitialised_memory": (candidate("launch_relu(x[:8], torch.empty_like(x[:8]))\nreturn torch.empty_like(x)"), "incorrect"),
+    # On a GPU the caching allocator hands back the block an earlier call's output lay in, so the
+    # trials can see right answers; the refresh trial (new values, same tensors) shows them stale.
+    "returns_uninitialised_memory": (candidate("launch_relu(x[:8], torch.empty_like(x[:8]))\nreturn torch.empty_like(x)"),
+                                     ("incorrect", "cross_call_cache")),
     "walks_the_heap": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import gc"), "forbidden_import"),
     "starts_a_thread": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import threading"), "forbidden_import"),
     "dynamic_code": (candidate("return eval('launch_relu')(x, torch.empty_like(x))"), "forbidden_call"),
