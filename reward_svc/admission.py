@@ -15,7 +15,9 @@ reference always finishes and lets the next one in.
 
 Device memory is not budgeted (a child's peak is unknown before it runs); instead a child that
 runs out of it while other children of this worker ran too runs again once one of them is done
-(``DeviceUsers``): the memory was theirs, not a fault of the code under test.
+(``DeviceUsers``): the memory was theirs, not a fault of the code under test. Host memory beyond
+the scratch files is not budgeted either: a GPU child has no address-space limit, so the host's
+OOM killer ends a child (its first choice) and that child is run again the same way.
 """
 
 from __future__ import annotations

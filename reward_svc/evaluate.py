@@ -153,7 +153,7 @@ class Evaluator:
             with self.device_users.use() as seen:
                 outcome, ref_result = ref_child.run(ref_spec)
             reference_s = time.perf_counter() - started
-            status = ref_result.get("status") if ref_result else None
+            status = ref_result.get("status") if ref_result else ("out_of_memory" if killed_for_memory(outcome) else None)
             if status == "no_room":
                 wait = functools.partial(self.exchange_budget.wait_for_release, options.timeout_s)
             elif status == "out_of_memory" and memory_retries < MEMORY_RETRIES:
@@ -212,8 +212,10 @@ class Evaluator:
                 outcome, result = child.run(spec)
             candidate_s = time.perf_counter() - started
             if result is None:
-                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
-                               details={"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")})
+                details: dict[str, Any] = {"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")}
+                if killed_for_memory(outcome):
+                    details["out_of_memory"] = True
+                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"), details=details)
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
             verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
@@ -231,6 +233,13 @@ class Evaluator:
             return verdict
         finally:
             child.discard()
+
+
+def killed_for_memory(outcome: SandboxResult) -> bool:
+    """A child ended by SIGKILL that was not our time limit: the host's OOM killer, whose first
+    choice a child is (services.sandbox.limits; a GPU child has no address-space limit). It is
+    handled like a device-memory shortage: run again if other children ran too."""
+    return outcome.signal == signal.SIGKILL and not outcome.timed_out
 
 
 def _release_device_memory(device: str) -> None:

@@ -17,10 +17,10 @@ import pytest
 
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
-from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
+from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator, killed_for_memory
 from reward_svc.harness.reference import cases_within
 from reward_svc.sandbox import ChildPool, Layout, owner_tag
-from services.sandbox import run_sandboxed
+from services.sandbox import SandboxPolicy, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from services.config import Settings
 
@@ -259,3 +259,44 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
         assert time.monotonic() - started < 60
     finally:
         evaluator.close()
+
+
+def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callable[..., Settings]) -> None:
+    """On a GPU worker host memory has no limit per child, and the kernel's OOM killer ends a child
+    (its first choice). One killed so while other work of the worker ran (a use this test holds)
+    runs again once that work ends; one killed alone gets the reason at once. The kill is stood
+    for by a SIGKILL the reference sends itself until the held use ends."""
+    evaluator = Evaluator(kz_env(reward_warm_children=1))
+    deadline = time.time() + 8
+    reference = RELU_REFERENCE.replace("    def forward(self, x):\n",
+                                       f"    def forward(self, x):\n        import os, signal, time\n        if time.time() < {deadline}:\n"
+                                       f"            os.kill(os.getpid(), signal.SIGKILL)\n")
+    holding = threading.Event()
+
+    def hold() -> None:
+        with evaluator.device_users.use():
+            holding.set()
+            time.sleep(max(0.0, deadline - time.time()))
+
+    holder = threading.Thread(target=hold)
+    try:
+        holder.start()
+        assert holding.wait(10)
+        evaluation = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cpu", timeout_s=120))
+        assert time.time() > deadline and evaluation.reference["memory_retries"] == 1
+        assert evaluation.verdicts[0].status == "correct", evaluation.verdicts[0].reason
+        holder.join()
+
+        alone = evaluator.evaluate_group(reference.replace(str(deadline), str(time.time() + 600)), [CORRECT],
+                                         EvalOptions(device="cpu", timeout_s=120)).verdicts[0]
+        assert alone.status == "runtime_error" and "killed by SIGKILL (likely out of memory)" in alone.reason, alone.reason
+    finally:
+        evaluator.close()
+
+
+def test_only_a_kill_that_was_not_the_time_limit_counts_as_one_for_memory() -> None:
+    killed = run_sandboxed([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                           SandboxPolicy(wall_timeout_s=20))
+    timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], SandboxPolicy(wall_timeout_s=1))
+    crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], SandboxPolicy(wall_timeout_s=20))
+    assert killed_for_memory(killed) and not killed_for_memory(timed_out) and not killed_for_memory(crashed)
