@@ -233,7 +233,7 @@ def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[
         ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise[0])
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
-                           "the candidate caches results across calls", guard="cross_call_cache", max_abs_error=_finite(max_error))
+                           "the candidate returns what an earlier call left (a cache, or memory not written this call)", guard="cross_call_cache", max_abs_error=_finite(max_error))
     knockout = cand_dir / "output_knockout.pt"
     if compare_files.produced(knockout):
         ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise[0])
