@@ -158,7 +158,10 @@ def _outcome(report: CandidateReport | None, generator_name: str) -> dict[str, A
             "status": status, "correct": bool(verdict and verdict.correct), "reason": reason,
             "speedup": verdict.speedup if verdict else None, "runtime_ms": verdict.runtime_ms if verdict else None,
             "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None, "device": verdict.device if verdict else None,
-            "kernel": report.source if report else None}
+            "kernel": report.source if report else None,
+            # where the reward service's time went (children, judge, waits, phases): what a slow problem is read from
+            "seconds": verdict.details.get("seconds") if verdict else None,
+            "phases": verdict.details.get("phases") if verdict else None}
 
 
 def _progress() -> Progress:
