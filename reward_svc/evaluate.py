@@ -192,7 +192,7 @@ class Evaluator:
 
     def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
                        ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
-        from reward_svc.verify import FileComparer, OutputStream, judge
+        from reward_svc.verify import FileComparer, OutputStream, TrialFiles, judge
 
         try:
             cached = self.builds.lookup(source)
@@ -207,8 +207,9 @@ class Evaluator:
                 "fingerprint_key": fingerprint_key, "outputs_in_flight": OUTPUTS_IN_FLIGHT,
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
+            files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"))
             started = time.perf_counter()
-            with OutputStream(compare_files, child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise")):
+            with OutputStream(compare_files, files):
                 outcome, result = child.run(spec)
             candidate_s = time.perf_counter() - started
             if result is None:
@@ -218,7 +219,7 @@ class Evaluator:
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"), details=details)
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
-            verdict = judge(ref_result, ref_dir, result, child.workdir, ref_result["cases"], compare_files)
+            verdict = judge(ref_result, result, files, compare_files)
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "

@@ -147,9 +147,29 @@ class FileComparer:
                 guard="output_tampering"))
 
 
-def trial_files(cases: int) -> dict[str, int]:
-    """The output files a candidate's harness writes, by name, each with the case it is judged against."""
-    return {**{f"output_{case}": case for case in range(cases)}, "output_refresh": 0, "output_knockout": 0, "output_timed": 0}
+@dataclass(frozen=True)
+class TrialFiles:
+    """The output files a candidate's harness writes, by name, each judged against the expected
+    output (and rounding noise) of one reference case: the trials their own, the refresh, knockout
+    and timed calls case 0's."""
+
+    cand_dir: Path
+    ref_dir: Path
+    cases: int
+    rounding_noise: list[Any] | None = None
+
+    def names(self) -> dict[str, int]:
+        """Output name → its case."""
+        return {**{f"output_{case}": case for case in range(self.cases)}, "output_refresh": 0, "output_knockout": 0, "output_timed": 0}
+
+    def output(self, name: str) -> Path:
+        return self.cand_dir / f"{name}.pt"
+
+    def expected(self, name: str) -> Path:
+        return self.ref_dir / f"expected_{self.names()[name]}.pt"
+
+    def noise(self, name: str) -> Any:
+        return (self.rounding_noise or [None] * self.cases)[self.names()[name]]
 
 
 class OutputStream:
@@ -161,10 +181,9 @@ class OutputStream:
 
     POLL_S = 0.01
 
-    def __init__(self, compare_files: FileComparer, cand_dir: Path, ref_dir: Path, cases: int, noise: list[Any] | None) -> None:
-        self.compare_files, self.cand_dir, self.ref_dir = compare_files, cand_dir, ref_dir
-        self.pending = trial_files(cases)
-        self.noise = noise or [None] * cases
+    def __init__(self, compare_files: FileComparer, files: TrialFiles) -> None:
+        self.compare_files, self.files = compare_files, files
+        self.pending = list(files.names())  # in the order the harness writes them
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="output-stream", daemon=True)
         self._error: BaseException | None = None
@@ -182,22 +201,21 @@ class OutputStream:
     def _run(self) -> None:
         try:
             while self.pending and not self._stop.is_set():
-                for name, case in list(self.pending.items()):
-                    output = self.cand_dir / f"{name}.pt"
+                for name in list(self.pending):
+                    output = self.files.output(name)
                     try:
                         published = output.is_file()
                     except OSError:  # the candidate made its dir unreadable: left to the judge in place
                         continue
                     if published:
-                        self.compare_files.consume(output, self.ref_dir / f"expected_{case}.pt", self.noise[case])
-                        del self.pending[name]
+                        self.compare_files.consume(output, self.files.expected(name), self.files.noise(name))
+                        self.pending.remove(name)
                 self._stop.wait(self.POLL_S)
         except BaseException as exc:  # noqa: BLE001 (a judge bug: raised in the worker's thread once the child is done)
             self._error = exc
 
 
-def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
-          trials: int, compare_files: FileComparer) -> Verdict:
+def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer) -> Verdict:
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
     if status != "ok":
@@ -212,31 +230,35 @@ def judge(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any]
         return Verdict("rejected", reason, guard=guard, details={"observations": observations})
 
     try:
-        return _judge_outputs(ref_result, ref_dir, cand_result, cand_dir, trials, compare_files, observations)
+        return _judge_outputs(ref_result, cand_result, files, compare_files, observations)
     except EarlyVerdict as early:
         early.verdict.details["observations"] = observations
         return early.verdict
 
 
-def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[str, Any], cand_dir: Path,
-                   trials: int, compare_files: FileComparer, observations: dict[str, Any]) -> Verdict:
+def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer,
+                   observations: dict[str, Any]) -> Verdict:
+    def against_reference(name: str) -> Comparison:
+        return compare_files(files.output(name), files.expected(name), files.noise(name))
+
+    def produced(name: str) -> bool:
+        return compare_files.produced(files.output(name))
+
     max_error = 0.0
-    noise = ref_result.get("rounding_noise") or [None] * trials
+    trials = files.cases
     for case in range(trials):
-        ok, why, error = compare_files(cand_dir / f"output_{case}.pt", ref_dir / f"expected_{case}.pt", noise[case])
+        ok, why, error = against_reference(f"output_{case}")
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
-    refresh = cand_dir / "output_refresh.pt"
-    if compare_files.produced(refresh):
-        ok, why, _ = compare_files(refresh, ref_dir / "expected_0.pt", noise[0])
+    if produced("output_refresh"):
+        ok, why, _ = against_reference("output_refresh")
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate returns what an earlier call left (a cache, or memory not written this call)", guard="cross_call_cache", max_abs_error=_finite(max_error))
-    knockout = cand_dir / "output_knockout.pt"
-    if compare_files.produced(knockout):
-        ok, _, _ = compare_files(knockout, ref_dir / "expected_0.pt", noise[0])
+    if produced("output_knockout"):
+        ok, _, _ = against_reference("output_knockout")
         if ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
@@ -251,8 +273,7 @@ def _judge_outputs(ref_result: dict[str, Any], ref_dir: Path, cand_result: dict[
 
     cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
     if cand_timing:  # what the timed calls returned: a forward that behaves while checked and cuts corners while timed
-        timed = cand_dir / "output_timed.pt"
-        ok, why = compare_files(timed, ref_dir / "expected_0.pt", noise[0])[:2] if compare_files.produced(timed) else (False, "none kept")
+        ok, why = against_reference("output_timed")[:2] if produced("output_timed") else (False, "none kept")
         if not ok:
             return Verdict("rejected", f"the timed calls returned a wrong answer ({why}) where the trials on the same inputs were right: "
                            "forward computes less while it is timed", guard="timing_evasion", max_abs_error=_finite(max_error))

@@ -100,7 +100,7 @@ def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path
 
     def verdict(fingerprints_key: int = key) -> verify.Verdict:
         compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=fingerprints_key)
-        return verify.judge(ref_result, ref_dir, result, cand_dir, 2, compare_files)
+        return verify.judge(ref_result, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
 
     assert verdict().status == "correct", verdict().reason
     assert verdict(key + 1).guard == "output_tampering"  # a fingerprint is only good under its key
@@ -140,7 +140,7 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
 
     def verdict() -> verify.Verdict:
         compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=key)
-        return verify.judge(ref_result, ref_dir, result, cand_dir, 2, compare_files)
+        return verify.judge(ref_result, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
 
     missing = verdict()  # timed, but no output of the timed calls
     assert missing.status == "rejected" and missing.guard == "timing_evasion", missing.reason
@@ -169,7 +169,7 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     compare_files = verify.FileComparer(verify.Tolerance(), key=key)
     outputs = TrialOutputs(cand_dir, key, in_flight=1)
     published = []
-    with verify.OutputStream(compare_files, cand_dir, ref_dir, cases=2, noise=None):
+    with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
         for name, value in [("output_0", expected[0]), ("output_1", expected[1] + 1), ("output_refresh", expected[0]),
                             ("output_knockout", torch.zeros(64))]:
             outputs.write(outputs.take(name, value.clone()))
@@ -177,7 +177,7 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     assert published == [1, 1, 1, 1]
     compare_files.expect(outputs.fingerprints)
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
-    verdict = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    verdict = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
     assert verdict.status == "incorrect" and verdict.reason.startswith("trial 2 of 2"), verdict.reason
 
     # Unjudged, the harness waits for the judge: within its bound, then it publishes anyway.
@@ -215,7 +215,7 @@ def test_an_output_judged_early_is_held_to_the_bytes_its_trial_returned(tmp_path
         if rewrite_after is not None:
             tensors.save(cand_dir / "output_1.pt", rewrite_after)
         compare_files.expect(result["output_fingerprints"])
-        return verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+        return verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
 
     assert judged_early(rewrite_after=torch.zeros(64)).status == "correct"
     one_ulp_off = torch.load(ref_dir / "expected_1.pt").clone()
@@ -253,17 +253,17 @@ def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(tmp
         patch.setattr(verify.tensors, "fingerprint", rewrite_after_fingerprint)
         compare_files.consume(cand_dir / "output_1.pt", ref_dir / "expected_1.pt")
     compare_files.expect(result["output_fingerprints"])
-    judged = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    judged = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
     assert judged.status == "incorrect" and judged.reason.startswith("trial 2 of 2"), judged.reason
 
     result, ref_dir, cand_dir = _trial_files(tmp_path / "planted", key)
     (cand_dir / "output_0.pt").unlink()
     (cand_dir / "output_0.pt").mkdir()
     compare_files = verify.FileComparer(verify.Tolerance(), key=key)
-    with verify.OutputStream(compare_files, cand_dir, ref_dir, cases=2, noise=None):
+    with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
         deadline = time.monotonic() + 10
         while (cand_dir / "output_1.pt").exists() and time.monotonic() < deadline:  # the stream takes the real ones
             time.sleep(0.01)
     compare_files.expect(result["output_fingerprints"])
-    planted = verify.judge({"status": "ok", "cases": 2}, ref_dir, result, cand_dir, 2, compare_files)
+    planted = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
     assert planted.guard == "output_tampering" and "missing or unreadable" in planted.reason, planted.reason
