@@ -216,7 +216,8 @@ class Evaluator:
                 details: dict[str, Any] = {"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")}
                 if killed_for_memory(outcome):
                     details["out_of_memory"] = True
-                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"), details=details)
+                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
+                               details=details)
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
             verdict = judge(ref_result, result, files, compare_files)

@@ -256,7 +256,8 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
         ok, why, _ = against_reference("output_refresh")
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
-                           "the candidate returns what an earlier call left (a cache, or memory not written this call)", guard="cross_call_cache", max_abs_error=_finite(max_error))
+                           "the candidate returns what an earlier call left (a cache, or memory not written this call)",
+                           guard="cross_call_cache", max_abs_error=_finite(max_error))
     if produced("output_knockout"):
         ok, _, _ = against_reference("output_knockout")
         if ok:
