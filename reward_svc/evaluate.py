@@ -153,7 +153,8 @@ class Evaluator:
             with self.device_users.use() as seen:
                 outcome, ref_result = ref_child.run(ref_spec)
             reference_s = time.perf_counter() - started
-            status = ref_result.get("status") if ref_result else ("out_of_memory" if killed_for_memory(outcome) else None)
+            # a child the OOM killer ended is short of memory like one that ran out of device memory
+            status = ref_result.get("status") if ref_result else ("out_of_memory" if outcome.killed_for_memory else None)
             if status == "no_room":
                 wait = functools.partial(self.exchange_budget.wait_for_release, options.timeout_s)
             elif status == "out_of_memory" and memory_retries < MEMORY_RETRIES:
@@ -214,7 +215,7 @@ class Evaluator:
             candidate_s = time.perf_counter() - started
             if result is None:
                 details: dict[str, Any] = {"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")}
-                if killed_for_memory(outcome):
+                if outcome.killed_for_memory:
                     details["out_of_memory"] = True
                 return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
                                details=details)
@@ -235,13 +236,6 @@ class Evaluator:
             return verdict
         finally:
             child.discard()
-
-
-def killed_for_memory(outcome: SandboxResult) -> bool:
-    """A child ended by SIGKILL that was not our time limit: the host's OOM killer, whose first
-    choice a child is (services.sandbox.limits; a GPU child has no address-space limit). It is
-    handled like a device-memory shortage: run again if other children ran too."""
-    return outcome.signal == signal.SIGKILL and not outcome.timed_out
 
 
 def _release_device_memory(device: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
-from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator, killed_for_memory
+from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.sandbox import ChildPool, Layout, owner_tag
 from services.sandbox import SandboxPolicy, run_sandboxed
@@ -299,4 +299,4 @@ def test_only_a_kill_that_was_not_the_time_limit_counts_as_one_for_memory() -> N
                            SandboxPolicy(wall_timeout_s=20))
     timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], SandboxPolicy(wall_timeout_s=1))
     crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], SandboxPolicy(wall_timeout_s=20))
-    assert killed_for_memory(killed) and not killed_for_memory(timed_out) and not killed_for_memory(crashed)
+    assert killed.killed_for_memory and not timed_out.killed_for_memory and not crashed.killed_for_memory

@@ -74,6 +74,12 @@ class SandboxResult:
     isolation: str
     """"bwrap" or "fallback": consumers must be able to tell how well the child was isolated."""
 
+    @property
+    def killed_for_memory(self) -> bool:
+        """Ended by SIGKILL that was not the wall-clock limit: the host's OOM killer, whose first
+        choice a child is (``limits.OOM_SCORE_ADJ``); ``describe`` says "likely out of memory"."""
+        return self.signal == _signal.SIGKILL and not self.timed_out
+
     def describe(self) -> str:
         """One line for a verdict's reason, e.g. "killed by SIGSEGV"."""
         if self.timed_out:
