@@ -58,6 +58,13 @@ CORRECT_CASES = {
                               "x):\n        x = self.fc(x)\n        x = x * self.scale\n        x = F.leaky_relu(x, 0.05)\n"
                               "        return torch.sum(x, dim=1, keepdim=True)",
                               "[torch.randn(16, 32)]", init_inputs="[32, 48, 1.5]", params="in_f, out_f, scale"),
+    # few rows, long reduced ranges (KernelBench level 1, 37/94/100): each range is split across
+    # programs whose partials a second kernel combines; chunks end mid-tile, rows and columns layouts
+    "split_reductions": module("        pass",
+                               "x, y, z):\n        loss = torch.mean(torch.clamp(1 - x * y, min=0))\n"
+                               "        scaled = x / torch.norm(x, p='fro')\n        columns = torch.sum(z, dim=0) * 2.0\n"
+                               "        return loss, scaled, columns, torch.amax(y, dim=1, keepdim=True), torch.prod(1 + y * 1e-3, dim=1)",
+                               "[torch.randn(3, 20001), torch.randn(3, 20001), torch.randn(30011, 3)]"),
     # a tensor created in forward (KernelBench level 2, 31): fx keeps it as a constant of the traced module
     "constant_made_in_forward": module("        self.bias = nn.Parameter(torch.randn(4, 1))\n        self.limit = limit",
                                        "x):\n        return torch.min(x, torch.tensor(self.limit)) + self.bias * torch.tensor([2.0])",
@@ -87,6 +94,8 @@ def test_generated_kernel_is_correct(case: str, generator: TemplateGenerator, ev
     assert verdict.status == "correct", f"{verdict.status}: {verdict.reason}\n{draft.source}"
     launches = verdict.details["observations"]["launches"]
     assert sum(launches.values()) > 0 and all(k.startswith("triton:kz_kernel_") for k in launches)
+    split = {k for k in launches if k.endswith("_finish")}
+    assert len(split) == (5 if case == "split_reductions" else 0), launches
 
 
 def test_linear_stays_in_pytorch_and_its_epilogue_is_one_kernel(generator: TemplateGenerator) -> None:

@@ -20,7 +20,7 @@ from coder_svc.template.graph import DtypeConst, Graph, Node, NodeRef, Opaque, S
 from coder_svc.template.lowering import Elementwise, Reduce, Softmax
 from coder_svc.template.triton_ops import HELPERS, expression, literal
 
-VERSION = "template-1"
+VERSION = "template-2"  # 2: reductions over few rows split their range across programs
 TILE = 2048  # elements per 2D reduction tile
 INT32_LIMIT = 2**31 - 2**22  # beyond this many elements, offsets are computed in 64 bits
 TORCH_DTYPES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool",
@@ -155,7 +155,7 @@ class KernelText:
 
 
 class KernelWriter:
-    """One group's @triton.jit kernel and its Python launcher."""
+    """One group's @triton.jit kernel (two for a reduction split across programs) and its Python launcher."""
 
     def __init__(self, group: Group, graph: Graph) -> None:
         self.g = group
@@ -164,7 +164,8 @@ class KernelWriter:
         self.rank = len(group.domain)
         self.reduction = group.reduction[1] if group.reduction else None
         sizes = [math.prod(group.domain)] + [math.prod(e.shape) for e in group.externals]
-        self.wide = max(sizes) >= INT32_LIMIT
+        self.largest = max(sizes)
+        self.wide = self.largest >= INT32_LIMIT
         if isinstance(self.reduction, Reduce):
             self.d0, self.d1 = self.reduction.dims
         elif isinstance(self.reduction, Softmax):
@@ -245,14 +246,14 @@ class KernelWriter:
             env[e.value] = self.load(text, k, offset, mask, depth)
         return env
 
-    def signature(self, extra: list[str], constexprs: list[str]) -> str:
+    def signature(self, extra: list[str], constexprs: list[str], name: str = "") -> str:
         args = ["out_ptr"] + [f"e{k}" for k in range(len(self.g.externals))] + extra
         args += [f"S{d}" for d in range(self.rank)]
         for k in range(len(self.g.externals)):
             if k in self.strided("pre") + self.strided("post"):
                 args += [f"e{k}_s{d}" for d in range(self.rank)]
         args += [f"{c}: tl.constexpr" for c in constexprs]
-        return f"def kz_kernel_{self.k}({', '.join(args)}):"
+        return f"def {name or f'kz_kernel_{self.k}'}({', '.join(args)}):"
 
     # -- pointwise
     def pointwise_kernel(self) -> list[str]:
@@ -305,6 +306,8 @@ class KernelWriter:
     def reduction_kernel(self) -> list[str]:
         red = self.reduction
         assert red is not None
+        if red.kind in NEUTRAL:
+            return self.split_reduction_kernels()
         text = KernelText(["@triton.jit", self.signature(["OUTER", "R", "INNER"], ["BLOCK_M", "BLOCK_R"])])
         row_coords = self.row_prologue(text)
         loop = "for r0 in range(0, R, BLOCK_R):"
@@ -351,28 +354,60 @@ class KernelWriter:
             text.add(f"res = tl.sum(acc, axis=1) / (R - {literal(red.correction)})")  # type: ignore[union-attr]
             if kind == "std":
                 text.add("res = tl.sqrt(res)")
-        else:
-            neutral = NEUTRAL[kind]
-            text.add(f"acc = tl.full([BLOCK_M, BLOCK_R], {neutral}, tl.float32)")
-            text.add(loop)
-            _, v = self.column_block(text, row_coords, 2)
-            value = {"norm2": f"{v} * {v}", "norm1": f"tl.abs({v})"}.get(kind, v)
-            text.add(f"v = tl.where(mask2, {value}, {neutral})", 2)
-            combine = {"max": "tl.maximum(acc, v)", "min": "tl.minimum(acc, v)", "prod": "acc * v"}.get(kind, "acc + v")
-            text.add(f"acc = {combine}", 2)
-            final = {"max": "tl.max(acc, axis=1)", "min": "tl.min(acc, axis=1)",
-                     "prod": "tl.reduce(acc, 1, _kz_mul)"}.get(kind, "tl.sum(acc, axis=1)")
-            text.add(f"res = {final}")
-            if kind == "mean":
-                text.add("res = res / R")
-            elif kind == "norm2":
-                text.add("res = tl.sqrt(res)")
-        env = {self.g.reduction[0]: "res"}  # type: ignore[index]
-        post_coords = {d: c for d, c in row_coords.items()}
-        env.update(self.load_phase(text, "post", "orow", "row_mask", post_coords, None, None, 1))
-        self.emit_ops(text, self.g.post, env, 1)
-        text.add(f"tl.store(out_ptr + orow, {env[self.g.head]}.to(out_ptr.dtype.element_ty), mask=row_mask)")
+        self.store_rows(text, row_coords, 1)
         return text.lines
+
+    # -- decomposable reductions (sum, mean, norms, prod, max, min): the reduced range can be split
+    # across programs when the rows alone are too few to fill the GPU (a whole-tensor mean is one
+    # row); each program then writes a partial to a scratch buffer and a second kernel combines them.
+    def split_reduction_kernels(self) -> list[str]:
+        kind = self.reduction.kind  # type: ignore[union-attr]
+        neutral = NEUTRAL[kind]
+        combine = {"max": "tl.max({}, axis=1)", "min": "tl.min({}, axis=1)",
+                   "prod": "tl.reduce({}, 1, _kz_mul)"}.get(kind, "tl.sum({}, axis=1)")
+        text = KernelText(["@triton.jit", self.signature(["part_ptr", "OUTER", "R", "INNER", "CHUNK", "SPLIT"],
+                                                         ["BLOCK_M", "BLOCK_R", "PARTIAL"])])
+        row_coords = self.row_prologue(text)
+        # a chunk's loop runs past R on the last chunk (masked): up to 1.5 R, so 64-bit from half the int32 range
+        cast = ".to(tl.int64)" if self.wide or self.largest >= INT32_LIMIT // 2 else ""
+        text.add(f"part = tl.program_id({1 if self.rows_layout else 2}){cast}")
+        text.add(f"acc = tl.full([BLOCK_M, BLOCK_R], {neutral}, tl.float32)")
+        text.add("for r0 in range(part * CHUNK, part * CHUNK + CHUNK, BLOCK_R):")
+        _, v = self.column_block(text, row_coords, 2)
+        value = {"norm2": f"{v} * {v}", "norm1": f"tl.abs({v})"}.get(kind, v)
+        text.add(f"v = tl.where(mask2, {value}, {neutral})", 2)
+        step = {"max": "tl.maximum(acc, v)", "min": "tl.minimum(acc, v)", "prod": "acc * v"}.get(kind, "acc + v")
+        text.add(f"acc = {step}", 2)
+        text.add(f"res = {combine.format('acc')}")
+        text.add("if PARTIAL:")
+        text.add("tl.store(part_ptr + orow * SPLIT + part, res, mask=row_mask)", 2)
+        text.add("else:")
+        self.finish_rows(text, kind, row_coords, 2)
+
+        finish = KernelText(["@triton.jit", self.signature(["part_ptr", "OUTER", "R", "INNER", "SPLIT"], ["BLOCK_M", "BLOCK_S"],
+                                                           name=f"kz_kernel_{self.k}_finish")])
+        finish_coords = self.row_prologue(finish)
+        finish.add("s = tl.arange(0, BLOCK_S)")
+        finish.add(f"p = tl.load(part_ptr + orow[:, None] * SPLIT + s[None, :], mask=row_mask[:, None] & (s < SPLIT)[None, :], "
+                   f"other={neutral})")
+        finish.add(f"res = {combine.format('p')}")
+        self.finish_rows(finish, kind, finish_coords, 1)
+        return text.lines + ["", ""] + finish.lines
+
+    def finish_rows(self, text: KernelText, kind: str, row_coords: dict[int, str], depth: int) -> None:
+        """From the combined accumulator ``res``: the reduction's own last step, then the rows' store."""
+        if kind == "mean":
+            text.add("res = res / R", depth)
+        elif kind == "norm2":
+            text.add("res = tl.sqrt(res)", depth)
+        self.store_rows(text, row_coords, depth)
+
+    def store_rows(self, text: KernelText, row_coords: dict[int, str], depth: int) -> None:
+        """``res`` (one value per row) through the post-reduction chain into ``out``."""
+        env = {self.g.reduction[0]: "res"}  # type: ignore[index]
+        env.update(self.load_phase(text, "post", "orow", "row_mask", dict(row_coords), None, None, depth))
+        self.emit_ops(text, self.g.post, env, depth)
+        text.add(f"tl.store(out_ptr + orow, {env[self.g.head]}.to(out_ptr.dtype.element_ty), mask=row_mask)", depth)
 
     def _all_coords(self, text: KernelText, row_coords: dict[int, str]) -> dict[int, str]:
         """Coordinates for the softmax's post chain (the full domain): rows' plus this chunk's."""
@@ -401,7 +436,8 @@ class KernelWriter:
         for k, e in enumerate(self.g.externals):
             a = name_of[e.value]
             if self.flat(e):
-                pointers.append(f"{a}.contiguous()")
+                lines.append(f"    c{k} = {a}.contiguous()")
+                pointers.append(f"c{k}")
                 continue
             pointers.append(a)
             if e.phase == "pre" or not isinstance(red, Reduce):
@@ -422,16 +458,34 @@ class KernelWriter:
             if self.rows_layout:
                 lines.append(f"    BLOCK_R = min(triton.next_power_of_2(R), {TILE})")
                 lines.append(f"    BLOCK_M = min(triton.next_power_of_2(OUTER), max(1, {TILE} // BLOCK_R))")
-                lines.append("    grid = (triton.cdiv(OUTER, BLOCK_M),)")
             else:
                 lines.append("    BLOCK_M = min(triton.next_power_of_2(INNER), 128)")
                 lines.append(f"    BLOCK_R = min(triton.next_power_of_2(R), max(1, {TILE} // BLOCK_M))")
-                lines.append("    grid = (OUTER, triton.cdiv(INNER, BLOCK_M))")
-            args += ["OUTER", "R", "INNER", "*S", *strides]
+            lines.append(f"    grid = {self.rows_grid()}")
+            sizes = ["OUTER", "R", "INNER"]
             lines.append("    warps = 8 if BLOCK_M * BLOCK_R >= 2048 else 4")
-            lines.append(f"    kz_kernel_{self.k}[grid]({', '.join(args)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=warps)")
+            if red.kind not in NEUTRAL:
+                args += [*sizes, "*S", *strides]
+                lines.append(f"    kz_kernel_{self.k}[grid]({', '.join(args)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=warps)")
+            else:
+                lines.append("    SPLIT, CHUNK = _kz_split(R, BLOCK_R, math.prod(grid))")
+                lines.append(f"    part = out if SPLIT == 1 else torch.empty((OUTER * INNER, SPLIT), device={device}, dtype=torch.float32)")
+                main = [*args, "part", *sizes, "CHUNK", "SPLIT", "*S", *strides]
+                lines.append(f"    kz_kernel_{self.k}[(*grid, SPLIT)]({', '.join(main)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, "
+                             "PARTIAL=SPLIT > 1, num_warps=warps)")
+                lines.append("    if SPLIT > 1:")
+                lines.append("        BLOCK_S = triton.next_power_of_2(SPLIT)")
+                rows = "OUTER" if self.rows_layout else "INNER"
+                lines.append(f"        BLOCK_M = min(triton.next_power_of_2({rows}), max(1, {TILE} // BLOCK_S))")
+                finish = [*args, "part", *sizes, "SPLIT", "*S", *strides]
+                lines.append(f"        kz_kernel_{self.k}_finish[{self.rows_grid()}]({', '.join(finish)}, "
+                             "BLOCK_M=BLOCK_M, BLOCK_S=BLOCK_S, num_warps=4)")
         lines.append("    return out")
         return lines
+
+    def rows_grid(self) -> str:
+        """The launch grid over the output rows, for the launcher's BLOCK_M."""
+        return "(triton.cdiv(OUTER, BLOCK_M),)" if self.rows_layout else "(OUTER, triton.cdiv(INNER, BLOCK_M))"
 
     def source(self) -> str:
         kernel = self.pointwise_kernel() if self.reduction is None else self.reduction_kernel()

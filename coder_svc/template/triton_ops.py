@@ -27,6 +27,17 @@ def _kz_softplus(x):
 @triton.jit
 def _kz_mul(a, b):
     return a * b
+
+
+def _kz_split(R, BLOCK_R, programs):
+    # Programs per row's reduced range, and the share each takes (whole tiles): rows too few to
+    # fill the GPU (a whole-tensor mean is one) share their range, up to about 1024 programs in
+    # all, each at least 4 tiles so the partials stay a small extra pass.
+    split = min(triton.cdiv(R, 4 * BLOCK_R), triton.cdiv(1024, programs))
+    if split <= 1:
+        return 1, R
+    chunk = triton.cdiv(triton.cdiv(R, split), BLOCK_R) * BLOCK_R
+    return triton.cdiv(R, chunk), chunk
 '''
 
 SELU_ALPHA = 1.6732632423543772848170429916717
