@@ -102,7 +102,7 @@ def evaluate(
 ) -> None:
     """pass@k, fast_p and geometric-mean speedup of a model on a problem set: JSON, markdown, plot."""
     from coder_svc.best_of_n import LocalScorer
-    from coder_svc.evaluation.harness import Harness, discover
+    from coder_svc.evaluation.harness import Harness, discover, load_records
     from coder_svc.evaluation.report import write_report
     from reward_svc.evaluate import Evaluator
     from services.schemas.reward import ScoreOptions
@@ -124,6 +124,9 @@ def evaluate(
         harness = Harness(generator, LocalScorer(evaluator), kernel_backend, samples, options, _sampling(samples, seed), out,
                           concurrency, redo_statuses)
         records = harness.run(found)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: {len(load_records(out))} samples kept in {out}; run the same command to resume")
+        raise typer.Exit(130) from None
     finally:
         evaluator.close()
     run = {"model": generator.name, "backend": kernel_backend, "problems_dir": str(problems), "levels": wanted or "all",

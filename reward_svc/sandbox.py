@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def _owner_alive(tag: str) -> bool:
         return False
 
 
-@dataclass
+@dataclass(eq=False)  # a child is itself: pools hold and remove it by identity
 class Child:
     process: SandboxProcess
     workdir: Path
@@ -138,6 +139,7 @@ class ChildPool:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
         self.entry = entry
         self._warm: collections.deque[Child] = collections.deque()
+        self._taken: weakref.WeakSet[Child] = weakref.WeakSet()  # running a job now: close() stops them too
         self._lock = threading.Lock()
         # bwrap's --die-with-parent follows the *thread* that started a child: every child is
         # started from this one long-lived thread, so a warm child outlives the job thread that
@@ -215,6 +217,7 @@ class ChildPool:
                 self._warm.remove(child)
             else:
                 child = self._spawn()
+            self._taken.add(child)
         self.refill()
         return child
 
@@ -229,7 +232,12 @@ class ChildPool:
         return False
 
     def close(self) -> None:
+        """End the warm children and those still running a job, whose jobs then fail: for a process
+        that is stopping (children run in their own sessions, so a Ctrl-C does not reach them)."""
         with self._lock:
             while self._warm:
                 self._warm.popleft().discard()
+            running = list(self._taken)
+        for child in running:
+            child.process.kill()
         self._spawner.shutdown(wait=False)

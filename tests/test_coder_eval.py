@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from coder_svc.best_of_n import LocalScorer
@@ -85,6 +86,44 @@ def _eval(problems: Path, out: Path, samples: int = 2) -> subprocess.Popen[str]:
 def _lines(out: Path) -> list[str]:
     path = out / "samples.jsonl"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def _sandboxed_children(root: Path) -> list[psutil.Process]:
+    """Live processes started for a run whose state is under ``root`` (their work dirs are there)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(root) in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_scored(problems: Path, tmp_path: Path) -> None:
+    """A researcher's Ctrl-C: the run ends without waiting for the problem being scored, whose
+    sandboxed children (in their own sessions, out of the terminal's reach) are stopped with it and
+    whose half-made verdict is not written; the samples already scored are kept for the resume."""
+    (problems / "3_Matmul.py").unlink()
+    # scored second: minutes of interpreted Triton, so the interrupt lands while its children run
+    (problems / "2_Softmax.py").write_text(PROBLEMS["1_ReLU.py"].replace("torch.randn(8, 256)", "torch.randn(4096, 4096)"))
+    out = tmp_path / "eval"
+    run = _eval(problems, out, samples=1)
+    try:
+        deadline = time.monotonic() + 240
+        while not _lines(out) and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_lines(out)) == 1 and run.poll() is None, run.stderr.read() if run.poll() is not None else "no record"
+        time.sleep(8)  # the second problem's reference and candidate children start
+        assert len(_sandboxed_children(tmp_path / "data")) >= 2
+        run.send_signal(signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, stderr[-3000:]
+    assert "interrupted: 1 samples kept" in " ".join(stderr.split())
+    assert [json.loads(line)["problem"] for line in _lines(out)] == ["1_ReLU"]
+    time.sleep(1)
+    assert _sandboxed_children(tmp_path / "data") == []
 
 
 @pytest.mark.slow

@@ -99,6 +99,7 @@ class Harness:
     def __post_init__(self) -> None:
         self._generation_lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def run(self, problems: list[Problem], progress: Progress | None = None) -> list[dict[str, Any]]:
         """Evaluate what is missing; return every record of these problems (old and new)."""
@@ -109,12 +110,20 @@ class Harness:
         with progress or _progress() as bar:
             task = bar.add_task("evaluating", total=len(problems) * self.samples,
                                 completed=sum(self.samples - len(m) for m in todo.values()))
-            with ThreadPoolExecutor(max_workers=self.concurrency) as executor:
+            executor = ThreadPoolExecutor(max_workers=self.concurrency)
+            try:
                 running = {executor.submit(self._evaluate, p, todo[p.id]): p for p in problems if todo[p.id]}
                 for future in as_completed(running):
                     future.result()
                     problem = running[future]
                     bar.update(task, description=problem.id, advance=len(todo[problem.id]))
+            except KeyboardInterrupt:
+                # Samples being scored now are not written (their children are about to be stopped,
+                # so their verdicts would be wrong): the next run does them.
+                self._stopping.set()
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise
+            executor.shutdown()
         ids = {p.id for p in problems}
         return [r for r in load_records(self.out) if r["problem"] in ids and r["sample"] < self.samples]
 
@@ -142,8 +151,11 @@ class Harness:
                    for index, outcome in zip(indices, outcomes)]
         overhead_s = (time.perf_counter() - started - generation_s - evaluation_s) / len(indices)
         lines = [json.dumps({**r, "overhead_s": overhead_s}) for r in records]
-        with self._write_lock, (self.out / SAMPLES_FILE).open("a") as f:
-            f.write("".join(line + "\n" for line in lines))
+        with self._write_lock:
+            if self._stopping.is_set():
+                return
+            with (self.out / SAMPLES_FILE).open("a") as f:
+                f.write("".join(line + "\n" for line in lines))
 
 
 def _outcome(report: CandidateReport | None, generator_name: str) -> dict[str, Any]:
