@@ -102,7 +102,7 @@ def evaluate(
 ) -> None:
     """pass@k, fast_p and geometric-mean speedup of a model on a problem set: JSON, markdown, plot."""
     from coder_svc.best_of_n import LocalScorer
-    from coder_svc.evaluation.harness import Harness, discover, load_records
+    from coder_svc.evaluation.harness import ERROR, Harness, discover, load_records
     from coder_svc.evaluation.report import write_report
     from reward_svc.evaluate import Evaluator
     from services.schemas.reward import ScoreOptions
@@ -125,7 +125,8 @@ def evaluate(
                           concurrency, redo_statuses)
         records = harness.run(found)
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: {len(load_records(out))} samples kept in {out}; run the same command to resume")
+        scored = sum(r["status"] != ERROR for r in load_records(out))
+        console.print(f"[yellow]interrupted[/]: {scored} scored samples kept in {out}; run the same command to resume")
         raise typer.Exit(130) from None
     finally:
         evaluator.close()

@@ -25,7 +25,7 @@ from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
 from reward_svc.policy import check_source
-from reward_svc.sandbox import Child, ChildPool, Layout
+from reward_svc.sandbox import Child, ChildPool, Layout, PoolClosed
 from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
@@ -77,6 +77,7 @@ class Evaluator:
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[tuple[str, float], ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
+        self._closed = False
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
         self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
         self.device_users = DeviceUsers()
@@ -84,12 +85,18 @@ class Evaluator:
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
         with self._pools_lock:
+            if self._closed:
+                raise PoolClosed("the evaluator is closed: its process is stopping")
             if key not in self._pools:
                 self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device))
             return self._pools[key]
 
     def close(self) -> None:
-        for pool in self._pools.values():
+        """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
+        with self._pools_lock:
+            self._closed = True
+            pools = list(self._pools.values())
+        for pool in pools:
             pool.close()
 
     def evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:

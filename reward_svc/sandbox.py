@@ -102,6 +102,10 @@ def _owner_alive(tag: str) -> bool:
         return False
 
 
+class PoolClosed(RuntimeError):
+    """A child was asked of a pool that was closed."""
+
+
 @dataclass(eq=False)  # a child is itself: pools hold and remove it by identity
 class Child:
     process: SandboxProcess
@@ -140,6 +144,7 @@ class ChildPool:
         self.entry = entry
         self._warm: collections.deque[Child] = collections.deque()
         self._taken: weakref.WeakSet[Child] = weakref.WeakSet()  # running a job now: close() stops them too
+        self._closed = False
         self._lock = threading.Lock()
         # bwrap's --die-with-parent follows the *thread* that started a child: every child is
         # started from this one long-lived thread, so a warm child outlives the job thread that
@@ -203,12 +208,14 @@ class ChildPool:
 
     def refill(self) -> None:
         with self._lock:
-            while len(self._warm) < self.size:
+            while len(self._warm) < self.size and not self._closed:
                 self._warm.append(self._spawn())
 
     def take(self) -> Child:
         """A live child, one that finished warming up if any has."""
         with self._lock:
+            if self._closed:
+                raise PoolClosed("the sandbox pool is closed: its process is stopping")
             for child in [c for c in self._warm if not c.process.alive]:
                 self._warm.remove(child)
                 child.discard()
@@ -234,10 +241,11 @@ class ChildPool:
     def close(self) -> None:
         """End the warm children and those still running a job, whose jobs then fail: for a process
         that is stopping (children run in their own sessions, so a Ctrl-C does not reach them)."""
-        with self._lock:
+        with self._lock:  # closed first, so no child starts after the ones killed below
+            self._closed = True
+            self._spawner.shutdown(wait=False)
             while self._warm:
                 self._warm.popleft().discard()
             running = list(self._taken)
         for child in running:
             child.process.kill()
-        self._spawner.shutdown(wait=False)

@@ -120,7 +120,7 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_scored(problems: Path, 
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 130, stderr[-3000:]
-    assert "interrupted: 1 samples kept" in " ".join(stderr.split())
+    assert "interrupted: 1 scored samples kept" in " ".join(stderr.split())
     assert [json.loads(line)["problem"] for line in _lines(out)] == ["1_ReLU"]
     time.sleep(1)
     assert _sandboxed_children(tmp_path / "data") == []

@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
-from reward_svc.sandbox import ChildPool, Layout, owner_tag
+from reward_svc.sandbox import ChildPool, Layout, PoolClosed, owner_tag
 from services.sandbox import SandboxPolicy, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from services.config import Settings
@@ -300,3 +301,40 @@ def test_only_a_kill_that_was_not_the_time_limit_counts_as_one_for_memory() -> N
     timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], SandboxPolicy(wall_timeout_s=1))
     crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], SandboxPolicy(wall_timeout_s=20))
     assert killed.killed_for_memory and not timed_out.killed_for_memory and not crashed.killed_for_memory
+
+
+@pytest.mark.parametrize("sandbox", [pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_probe()[0] is None, reason="no bwrap")),
+                                     "fallback"])
+def test_closing_the_evaluator_stops_the_job_it_runs_and_starts_no_more(sandbox: str, kz_env: Callable[..., Settings],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Ctrl-C of ``kernelzero eval`` relies on: children run in their own sessions, so only
+    the pool can stop the ones a job is using (bwrap's die-with-parent follows the spawner thread;
+    the fallback has nothing like it); after close no child starts, so the job ends (with an error
+    or a verdict its caller throws away) instead of running its retries."""
+    monkeypatch.setenv("KZ_SANDBOX", sandbox)
+    evaluator = Evaluator(kz_env(reward_warm_children=0))
+    reference = RELU_REFERENCE.replace("    def forward(self, x):\n", "    def forward(self, x):\n        import time\n        time.sleep(300)\n")
+    ended = threading.Event()
+
+    def score() -> None:
+        try:
+            evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cpu", timeout_s=600))
+        except PoolClosed:
+            pass
+        finally:
+            ended.set()
+
+    job = threading.Thread(target=score, daemon=True)
+    job.start()
+    jobs = evaluator.layout.jobs
+    deadline = time.monotonic() + 60
+    while not any(jobs.iterdir()) and time.monotonic() < deadline:  # the reference's child has its work dir
+        time.sleep(0.1)
+    time.sleep(3)  # and is in its forward, asleep
+    assert not ended.is_set()
+    evaluator.close()
+    assert ended.wait(30), "the job went on after close"
+    with pytest.raises(PoolClosed):
+        evaluator.pool("cpu", 600.0)
+    left = [p for p in psutil.process_iter(["cmdline"]) if any(str(jobs) in part for part in p.info["cmdline"] or [])]
+    assert left == []

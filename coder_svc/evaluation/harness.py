@@ -117,10 +117,12 @@ class Harness:
                     future.result()
                     problem = running[future]
                     bar.update(task, description=problem.id, advance=len(todo[problem.id]))
-            except KeyboardInterrupt:
+            except BaseException:  # a Ctrl-C above all
                 # Samples being scored now are not written (their children are about to be stopped,
-                # so their verdicts would be wrong): the next run does them.
-                self._stopping.set()
+                # so their verdicts would be wrong): the next run does them. Set under the write
+                # lock, so no append is half done once this returns.
+                with self._write_lock:
+                    self._stopping.set()
                 executor.shutdown(wait=False, cancel_futures=True)
                 raise
             executor.shutdown()

@@ -368,7 +368,7 @@ class KernelWriter:
         text = KernelText(["@triton.jit", self.signature(["part_ptr", "OUTER", "R", "INNER", "CHUNK", "SPLIT"],
                                                          ["BLOCK_M", "BLOCK_R", "PARTIAL"])])
         row_coords = self.row_prologue(text)
-        # a chunk's loop runs past R on the last chunk (masked): up to 1.5 R, so 64-bit from half the int32 range
+        # a chunk's loop runs past R on the last chunk (masked): to under 1.5 R + a tile, so 64-bit from half the int32 range
         cast = ".to(tl.int64)" if self.wide or self.largest >= INT32_LIMIT // 2 else ""
         text.add(f"part = tl.program_id({1 if self.rows_layout else 2}){cast}")
         text.add(f"acc = tl.full([BLOCK_M, BLOCK_R], {neutral}, tl.float32)")
