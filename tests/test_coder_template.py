@@ -65,6 +65,11 @@ CORRECT_CASES = {
                                "        scaled = x / torch.norm(x, p='fro')\n        columns = torch.sum(z, dim=0) * 2.0\n"
                                "        return loss, scaled, columns, torch.amax(y, dim=1, keepdim=True), torch.prod(1 + y * 1e-3, dim=1)",
                                "[torch.randn(3, 20001), torch.randn(3, 20001), torch.randn(30011, 3)]"),
+    # empty: a sum over an empty range is 0 and a mean nan (launched); an empty output is returned unlaunched
+    "empty_reductions": module("        pass",
+                               "x, y):\n        return torch.sum(x * 2.0, dim=1), torch.mean(y, dim=0), torch.softmax(y, dim=1), "
+                               "torch.amax(y + 1.0, dim=1)",
+                               "[torch.randn(4, 0), torch.randn(0, 5)]"),
     # a tensor created in forward (KernelBench level 2, 31): fx keeps it as a constant of the traced module
     "constant_made_in_forward": module("        self.bias = nn.Parameter(torch.randn(4, 1))\n        self.limit = limit",
                                        "x):\n        return torch.min(x, torch.tensor(self.limit)) + self.bias * torch.tensor([2.0])",

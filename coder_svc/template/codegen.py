@@ -455,12 +455,14 @@ class KernelWriter:
             lines.append(f"    kz_kernel_{self.k}[(triton.cdiv(n, BLOCK),)]({', '.join(args)}, BLOCK=BLOCK, num_warps=4)")
         else:
             lines.append(f"    OUTER, R, INNER = math.prod(S[:{self.d0}]), math.prod(S[{self.d0}:{self.d1}]), math.prod(S[{self.d1}:])")
-            if self.rows_layout:
-                lines.append(f"    BLOCK_R = min(triton.next_power_of_2(R), {TILE})")
+            lines.append("    if out.numel() == 0:")
+            lines.append("        return out")
+            if self.rows_layout:  # R may be 0 (a sum over an empty range is 0, a mean nan): tiles of one
+                lines.append(f"    BLOCK_R = min(triton.next_power_of_2(max(R, 1)), {TILE})")
                 lines.append(f"    BLOCK_M = min(triton.next_power_of_2(OUTER), max(1, {TILE} // BLOCK_R))")
             else:
                 lines.append("    BLOCK_M = min(triton.next_power_of_2(INNER), 128)")
-                lines.append(f"    BLOCK_R = min(triton.next_power_of_2(R), max(1, {TILE} // BLOCK_M))")
+                lines.append(f"    BLOCK_R = min(triton.next_power_of_2(max(R, 1)), max(1, {TILE} // BLOCK_M))")
             lines.append(f"    grid = {self.rows_grid()}")
             sizes = ["OUTER", "R", "INNER"]
             lines.append("    warps = 8 if BLOCK_M * BLOCK_R >= 2048 else 4")

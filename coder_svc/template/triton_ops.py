@@ -33,7 +33,7 @@ def _kz_split(R, BLOCK_R, programs):
     # Programs per row's reduced range, and the share each takes (whole tiles): rows too few to
     # fill the GPU (a whole-tensor mean is one) share their range, up to about 1024 programs in
     # all, each at least 4 tiles so the partials stay a small extra pass.
-    split = min(triton.cdiv(R, 4 * BLOCK_R), triton.cdiv(1024, max(programs, 1)))
+    split = min(triton.cdiv(R, 4 * BLOCK_R), triton.cdiv(1024, programs))
     if split <= 1:
         return 1, R
     chunk = triton.cdiv(triton.cdiv(R, split), BLOCK_R) * BLOCK_R
