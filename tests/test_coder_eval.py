@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 from coder_svc.best_of_n import LocalScorer
@@ -22,6 +21,7 @@ from coder_svc.models.base import Sampling
 from reward_svc.evaluate import Evaluator
 from services.schemas.reward import ScoreOptions
 from coder_svc.evaluation.report import write_report
+from processes import leftovers
 from services.config import Settings
 
 KERNELZERO = str(Path(sys.executable).with_name("kernelzero"))
@@ -88,15 +88,6 @@ def _lines(out: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _sandboxed_children(root: Path) -> list[psutil.Process]:
-    """Live processes started for a run whose state is under ``root`` (their work dirs are there)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(str(root) in part for part in process.info["cmdline"] or []):
-            found.append(process)
-    return found
-
-
 @pytest.mark.slow
 def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_scored(problems: Path, tmp_path: Path) -> None:
     """A researcher's Ctrl-C: the run ends without waiting for the problem being scored, whose
@@ -113,7 +104,7 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_scored(problems: Path, 
             time.sleep(0.05)
         assert len(_lines(out)) == 1 and run.poll() is None, run.stderr.read() if run.poll() is not None else "no record"
         time.sleep(8)  # the second problem's reference and candidate children start
-        assert len(_sandboxed_children(tmp_path / "data")) >= 2
+        assert len(leftovers(tmp_path / "data", set())) >= 3  # the CLI (by its KZ_DATA_DIR) and two children
         run.send_signal(signal.SIGINT)
         stdout, stderr = run.communicate(timeout=60)
     finally:
@@ -123,7 +114,7 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_scored(problems: Path, 
     assert "interrupted: 1 scored samples kept" in " ".join(stderr.split())
     assert [json.loads(line)["problem"] for line in _lines(out)] == ["1_ReLU"]
     time.sleep(1)
-    assert _sandboxed_children(tmp_path / "data") == []
+    assert leftovers(tmp_path / "data", set()) == []
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from processes import leftovers
 from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceError, ServiceUnreachable, TrainerClient
 from services.cli.launcher import run_state_path
 from services.config import SERVICE_NAMES, Settings
@@ -45,22 +46,6 @@ def wait_until_ready(launcher: subprocess.Popen[bytes], log: Path, settings: Set
                 except ServiceUnreachable:
                     pass
         time.sleep(0.5)
-
-
-def leftovers(data_dir: Path, pids: set[int]) -> list[str]:
-    """Live processes that were started for this platform: by pid, or naming its data dir."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        try:
-            environ = proc.environ()
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            environ = {}
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.pid in pids or environ.get("KZ_DATA_DIR") == str(data_dir) or str(data_dir) in cmdline:
-            found.append(f"{proc.pid} {cmdline}")
-    return found
 
 
 def test_kernelzero_up_serves_all_four_then_stops_clean(

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
+from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
@@ -127,14 +127,14 @@ def test_work_dirs_of_dead_workers_are_swept(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     started_before = int(owner_tag().split(".")[1]) - 5000  # this pid, 50 s before this process started: a restarted container's worker
-    leftovers = [layout.jobs / f"{dead.pid}.1-a", layout.exchange / f"{dead.pid}.1-a", layout.jobs / "unowned",
-                 layout.jobs / f"{os.getpid()}.{started_before}-c", layout.jobs / f"{os.getpid()}-d"]
+    orphans = [layout.jobs / f"{dead.pid}.1-a", layout.exchange / f"{dead.pid}.1-a", layout.jobs / "unowned",
+              layout.jobs / f"{os.getpid()}.{started_before}-c", layout.jobs / f"{os.getpid()}-d"]
     live = layout.jobs / f"{owner_tag()}-b"
-    for path in [*leftovers, live]:
+    for path in [*orphans, live]:
         path.mkdir()
         (path / "inputs_0.pt").write_bytes(b"GBs")
     layout.create()
-    assert live.exists() and not any(path.exists() for path in leftovers)
+    assert live.exists() and not any(path.exists() for path in orphans)
 
 
 def test_a_group_whose_reference_finds_no_room_on_the_filesystem_gets_the_reason(kz_env: Callable[..., Settings]) -> None:
@@ -336,5 +336,4 @@ def test_closing_the_evaluator_stops_the_job_it_runs_and_starts_no_more(sandbox:
     assert ended.wait(30), "the job went on after close"
     with pytest.raises(PoolClosed):
         evaluator.pool("cpu", 600.0)
-    left = [p for p in psutil.process_iter(["cmdline"]) if any(str(jobs) in part for part in p.info["cmdline"] or [])]
-    assert left == []
+    assert leftovers(evaluator.settings.data_dir, set()) == []
