@@ -268,7 +268,6 @@ class Validator:
             "nondeterminism_rtol": o.nondeterminism_rtol, "timed_runs": o.timed_runs,
             "gpu_timing_budget_s": o.gpu_timing_budget_s,
             "input_seeds": list(o.input_seeds), "weight_seeds": list(o.weight_seeds),
-            "gpu_lock": self.layout.gpu_lock(self.device),
         }
 
     def dynamic(self, source: str, digest: str) -> ValidationResult:

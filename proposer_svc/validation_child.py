@@ -27,6 +27,7 @@ from reward_svc.harness import tensors
 from reward_svc.harness.instrument import OpRecorder
 from reward_svc.harness.loading import gpu_lock, import_file
 from reward_svc.harness.reference import build_model, make_init_inputs
+from reward_svc.harness.report import take_key, write_result
 
 
 class Rejected(Exception):
@@ -333,8 +334,9 @@ def main() -> None:
     warm_up(device)
     print("ready", flush=True)
     spec = json.loads(sys.stdin.readline())
+    key = take_key(spec)  # the pool's signing key: taken out before the module runs
     result = check({**spec, "device": device})
-    (workdir / "result.json").write_text(json.dumps(result, default=str))
+    write_result(workdir, key, result)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no finalizers: nothing the module scheduled runs after the result is written

@@ -1,9 +1,14 @@
 """Published builds of candidate sources, ``cache/<sha256 of the source>``: find, publish, evict.
 
-The worker publishes a child's build after a clean run; children see the cache read-only, so no
-candidate can poison another's binaries. The cache is capped (``KZ_REWARD_CACHE_MAX_BYTES``):
-least recently used builds go first, but never one used within ``in_use_s``, since a running
-child may be loading it. ``triton-base`` (Triton's own stubs, sandbox.py) is never evicted.
+The worker publishes a child's build after a clean run, and only what the harness builds there:
+regular files of the artefact kinds its compile paths write (``ARTEFACT_SUFFIXES``: shared objects,
+objects and their sources and metadata from reward_svc/compile.py; Triton's compiled kernels and
+their metadata), within ``MAX_ARTEFACT_BYTES`` each and ``MAX_BUILD_BYTES`` in all; anything else
+the child left there (links, FIFOs, other files, junk) is dropped. A child never sees the cache: its
+own source's build is hard-linked into its read-only inbox (sandbox.py), so no candidate reads or
+poisons another's binaries. The cache is capped (``KZ_REWARD_CACHE_MAX_BYTES``): least recently
+used builds go first, but never one used within ``in_use_s``, since a running child may be loading
+it. ``triton-base`` (Triton's own stubs, sandbox.py) is never evicted.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -18,7 +24,14 @@ from pathlib import Path
 
 from services.db.tasks import source_sha256
 
-PROTECTED = frozenset({"triton-base"})
+PROTECTED = frozenset({"triton-base", ".inbox"})
+ARTEFACT_SUFFIXES = frozenset({
+    ".so", ".o", ".json", ".cpp", ".cu", ".h", ".cuh",  # reward_svc/compile.py: the library, its units, meta.json
+    ".cubin", ".ptx", ".ttir", ".ttgir", ".llir", ".source", ".hsaco", ".amdgcn",  # Triton's cache entries
+})
+MAX_ARTEFACT_BYTES = 256 << 20
+MAX_BUILD_BYTES = 512 << 20
+MAX_DEPTH = 4
 
 
 class BuildCache:
@@ -40,9 +53,16 @@ class BuildCache:
         return path
 
     def publish(self, build: Path, source: str) -> None:
-        """Move a child's build in; a concurrent publisher of the same source wins. Then keep the cap."""
-        if publish_dir(build, self.path_for(source)) and time.monotonic() - self._last_check >= self.check_every_s:
-            self.evict()
+        """Copy the artefacts of a child's build in (``artefacts``); a concurrent publisher of the same
+        source wins. Then keep the cap."""
+        staging = self.root.parent / f".staging-{uuid.uuid4().hex}"
+        try:
+            if not copy_artefacts(build, staging):
+                return
+            if publish_dir(staging, self.path_for(source)) and time.monotonic() - self._last_check >= self.check_every_s:
+                self.evict()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def evict(self) -> list[str]:
         """Remove least recently used builds until the cache is within its cap; returns their names."""
@@ -64,6 +84,56 @@ class BuildCache:
                 total -= size
                 evicted.append(path.name)
             return evicted
+
+
+def artefacts(build: Path) -> list[Path]:
+    """The files of a child's build worth keeping: regular files (not links) of an artefact suffix, at
+    most ``MAX_DEPTH`` levels down and ``MAX_ARTEFACT_BYTES`` each; none if together they pass
+    ``MAX_BUILD_BYTES`` (nothing the harness builds is that large)."""
+    kept, total = [], 0
+    for root, dirs, files in os.walk(build, followlinks=False):
+        depth = len(Path(root).relative_to(build).parts)
+        if depth >= MAX_DEPTH:
+            dirs.clear()
+        for name in files:
+            path = Path(root) / name
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and path.suffix in ARTEFACT_SUFFIXES and info.st_size <= MAX_ARTEFACT_BYTES:
+                kept.append(path)
+                total += info.st_size
+    return kept if total <= MAX_BUILD_BYTES else []
+
+
+def copy_artefacts(build: Path, target: Path) -> bool:
+    """``artefacts(build)`` copied to ``target`` (made here): False where there are none."""
+    kept = artefacts(build)
+    if not kept:
+        return False
+    for path in kept:
+        destination = target / path.relative_to(build)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, destination, follow_symlinks=False)
+    return True
+
+
+def link_tree(source: Path, target: Path) -> None:
+    """Hard links to every regular file of ``source`` under ``target`` (dirs made as needed): a child's
+    read-only view of files it may read but must not see the rest of the directory of. Falls back to
+    copies across filesystems."""
+    for root, _, files in os.walk(source, followlinks=False):
+        for name in files:
+            path = Path(root) / name
+            destination = target / path.relative_to(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, destination, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.copyfile(path, destination, follow_symlinks=False)
 
 
 def publish_dir(source: Path, target: Path) -> bool:

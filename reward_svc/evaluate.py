@@ -24,7 +24,9 @@ from services.sandbox import SandboxResult
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
+from reward_svc.harness.report import AUDIT_LOG
 from reward_svc.policy import check_source
+from reward_svc.redact import Redactor
 from reward_svc.sandbox import Child, ChildPool, Layout, PoolClosed
 from reward_svc.verdict import Verdict
 
@@ -81,6 +83,7 @@ class Evaluator:
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
         self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
         self.device_users = DeviceUsers()
+        self.redactor = Redactor(self.settings)
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -100,6 +103,13 @@ class Evaluator:
             pool.close()
 
     def evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:
+        """One verdict per candidate, in order; every verdict bounded and with the platform's secrets
+        taken out (redact.py) before it leaves."""
+        evaluation = self._evaluate_group(reference, candidates, options)
+        evaluation.verdicts = [self.redactor.verdict(v) for v in evaluation.verdicts]
+        return evaluation
+
+    def _evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:
         device = resolve_device(options.device)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
@@ -152,7 +162,7 @@ class Evaluator:
                 "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
                 "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
                 "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
-                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+                "timing_budget_s": options.timing_budget_s,
                 "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
                 "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
             }
@@ -204,14 +214,15 @@ class Evaluator:
 
         try:
             cached = self.builds.lookup(source)
-            build = cached or child.workdir / "build"
+            child.receive(exchange=exchange, build=cached)  # its group's inputs and its source's build, read-only
+            build = child.build_inbox if cached else child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             fingerprint_key = secrets.randbits(62)  # the judge's check that each output file is what its trial returned
             spec = {
                 "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
-                "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(exchange),
-                "compile_cache": str(build), "time": options.measure_speed and device == "cuda",
-                "timing_budget_s": options.timing_budget_s, "gpu_lock": self.layout.gpu_lock(device),
+                "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(child.inbox),
+                "compile_cache": str(build), "compile_cache_readonly": cached is not None,
+                "time": options.measure_speed and device == "cuda", "timing_budget_s": options.timing_budget_s,
                 "fingerprint_key": fingerprint_key, "outputs_in_flight": OUTPUTS_IN_FLIGHT,
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
@@ -228,7 +239,7 @@ class Evaluator:
                                details=details)
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
-            verdict = judge(ref_result, result, files, compare_files)
+            verdict = judge(ref_result, result, files, compare_files, audit=_audit_lines(child.workdir))
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
@@ -236,13 +247,26 @@ class Evaluator:
             _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
             verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}
-            if cached is None and build.exists() and verdict.status != "compile_error":
-                self.builds.publish(build, source)
+            if cached is None and build.exists() and verdict.status in ("correct", "incorrect"):
+                self.builds.publish(build, source)  # a clean run's artefacts only (build_cache.py)
             verdict.details["compile_cache_hit"] = cached is not None
             verdict.details["isolation"] = outcome.isolation
             return verdict
         finally:
             child.discard()
+
+
+AUDIT_LOG_MAX_BYTES = 64 << 10
+
+
+def _audit_lines(workdir: Path) -> list[str]:
+    """What the child's audit hook refused (harness/instrument.install_audit_hook), from its log."""
+    try:
+        with open(workdir / AUDIT_LOG, "rb") as log:
+            text = log.read(AUDIT_LOG_MAX_BYTES).decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _release_device_memory(device: str) -> None:

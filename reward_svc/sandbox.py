@@ -4,14 +4,21 @@ Layout under ``<data_dir>/reward`` (``jobs/`` and ``exchange/`` under ``KZ_REWAR
   jobs/<owner>-<id>/  one child's private, writable work directory (owner: the worker that started
                     it, pid and start time; a dead worker's dirs are swept when the next one
                     creates the layout)
+  jobs/<owner>-<id>.in/  the child's inbox, bound read-only: the worker hard-links into it the
+                    inputs of the group its job belongs to, once the job is known
   exchange/<id>/    a reference run's inputs, published by the worker after the child exits
-                    (read-only to every candidate child; the expected outputs never leave jobs/)
+                    (children never see it: each gets its group's files in its inbox; the expected
+                    outputs never leave jobs/)
   cache/<sha>/      compiled artefacts of one candidate source, published by the worker after a
-                    clean run; read-only to children, so no candidate can poison another's cache;
-                    capped, least recently used evicted first (build_cache.py)
+                    clean run (only the artefact kinds the harness builds: build_cache.py); capped,
+                    least recently used evicted first
+  cache/.inbox/<owner>-<id>/  the child's build inbox, bound read-only: the published build of
+                    the source it evaluates, hard-linked in once known; no child sees another's
   cache/triton-base Triton's driver stubs and warm-up kernel, built once per worker by a child
                     that runs only our own code; read-only to children (harness/triton_cache.py)
-  locks/            one lock file per GPU: shared by correctness work, exclusive while timing
+  locks/            one lock file per GPU: shared by correctness work, exclusive while timing;
+                    children never see it: each holds two read-only descriptors its pool opened
+                    (harness/loading.DeviceLock)
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import secrets
 import shutil
 import sys
 import threading
@@ -34,7 +42,9 @@ import psutil
 
 from services.config import Settings
 from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
-from reward_svc.build_cache import publish_dir
+from reward_svc.build_cache import link_tree, publish_dir
+from reward_svc.harness.loading import DeviceLock
+from reward_svc.harness.report import KEY_FIELD, RESULT_FILE, read_result
 
 
 REWARD_CHILD = "reward_svc.harness.child"
@@ -63,22 +73,26 @@ class Layout:
     def locks(self) -> Path:
         return self.shared_locks or self.root / "locks"
 
+    @property
+    def build_inboxes(self) -> Path:
+        return self.cache / ".inbox"
+
     def gpu_lock(self, device: str) -> str | None:
-        """The device lock file children take around GPU work (harness/loading.py); none on CPU."""
+        """The device lock file GPU work takes (harness/loading.py); none on CPU."""
         return str(self.locks / "gpu.lock") if device == "cuda" else None
 
     def create(self) -> Layout:
-        for path in (self.jobs, self.exchange, self.cache, self.locks):
+        for path in (self.jobs, self.exchange, self.cache, self.build_inboxes, self.locks):
             path.mkdir(parents=True, exist_ok=True)
         self.sweep_orphans()
         return self
 
     def sweep_orphans(self) -> None:
-        """Remove work and exchange dirs whose owning process is gone: a worker killed mid-job
+        """Remove work, inbox and exchange dirs whose owning process is gone: a worker killed mid-job
         would otherwise leave GBs of trial tensors in the scratch dir (a tmpfs: memory) for good.
         The owner is a pid and that process's start time: a restarted container's worker has the
         dead one's pid (1, often) but not its start time."""
-        for path in [*self.jobs.iterdir(), *self.exchange.iterdir()]:
+        for path in [*self.jobs.iterdir(), *self.exchange.iterdir(), *self.build_inboxes.iterdir()]:
             if not _owner_alive(path.name.split("-", 1)[0]):
                 shutil.rmtree(path, ignore_errors=True)
 
@@ -106,29 +120,44 @@ class PoolClosed(RuntimeError):
     """A child was asked of a pool that was closed."""
 
 
+FORGED_RESULT = {"status": "rejected", "guard": "harness_tampering",
+                 "reason": "the child's result is not the one its harness wrote (the signature does not match)"}
+
+
 @dataclass(eq=False)  # a child is itself: pools hold and remove it by identity
 class Child:
     process: SandboxProcess
     workdir: Path
+    inbox: Path | None = None  # read-only to the child: its group's inputs, linked in when the job is known
+    build_inbox: Path | None = None  # read-only to the child: the published build of its source
+    device_lock: DeviceLock | None = None  # the descriptors the child holds (the worker closed its copies)
 
     def run(self, spec: dict[str, Any], max_result_bytes: int = MAX_RESULT_BYTES) -> tuple[SandboxResult, dict[str, Any] | None]:
+        """Run the job; the result the child wrote, or None. The spec is given the child's device lock,
+        and a key the harness signs its result with (harness/report.py): a result file written by
+        anything else in the child (native code) does not verify and reads as ``FORGED_RESULT``."""
+        key = secrets.token_hex(32)
+        spec = {**spec, KEY_FIELD: key, "gpu_lock": self.device_lock.to_json() if self.device_lock else None}
         outcome = self.process.run((json.dumps(spec) + "\n").encode())
-        path = self.workdir / "result.json"
-        try:  # written by a process that ran untrusted code: anything but a small JSON object is no result
-            if path.stat().st_size > max_result_bytes:
-                return outcome, None
-            result = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):
-            return outcome, None
-        return outcome, result if isinstance(result, dict) else None
+        result = read_result(self.workdir / RESULT_FILE, key, max_result_bytes)
+        return outcome, dict(FORGED_RESULT) if result is False else result
 
     @property
     def ready(self) -> bool:
         return (self.workdir / "ready").exists()
 
+    def receive(self, exchange: Path | None = None, build: Path | None = None) -> None:
+        """Link a group's input files and a source's published build into the child's read-only inboxes."""
+        if exchange is not None and self.inbox is not None:
+            link_tree(exchange, self.inbox)
+        if build is not None and self.build_inbox is not None:
+            link_tree(build, self.build_inbox)
+
     def discard(self) -> None:
         self.process.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        for path in (self.workdir, self.inbox, self.build_inbox):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class ChildPool:
@@ -170,7 +199,7 @@ class ChildPool:
         finally:
             child.discard()
 
-    def policy(self, workdir: Path) -> SandboxPolicy:
+    def policy(self, workdir: Path, inbox: Path | None = None, build_inbox: Path | None = None) -> SandboxPolicy:
         env = {
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             "TRITON_CACHE_DIR": str(workdir / "triton"),
@@ -190,8 +219,9 @@ class ChildPool:
             wall_timeout_s=self.timeout_s,
             memory_bytes=None if self.device == "cuda" else self.settings.sandbox_memory_bytes,
             max_file_bytes=self.settings.reward_max_file_bytes,
-            writable_dirs=(workdir, self.layout.locks),
-            readonly_dirs=(self.layout.exchange, self.layout.cache),
+            writable_dirs=(workdir,),
+            # its own inboxes and the base Triton layer, never another child's files or the locks
+            readonly_dirs=tuple(p for p in (inbox, build_inbox, self.triton_base) if p is not None and p.is_dir()),
             hidden_dirs=tuple(filter(None, (self.settings.data_dir, self.layout.scratch))),  # other jobs' files
             env=env,
             gpu=self.device == "cuda",
@@ -201,10 +231,20 @@ class ChildPool:
         return self._spawner.submit(self._spawn_here).result()
 
     def _spawn_here(self) -> Child:
-        workdir = self.layout.jobs / f"{owner_tag()}-{uuid.uuid4().hex}"  # the owner: see Layout.sweep_orphans
-        workdir.mkdir(parents=True)
+        name = f"{owner_tag()}-{uuid.uuid4().hex}"  # the owner: see Layout.sweep_orphans
+        workdir, inbox, build_inbox = self.layout.jobs / name, self.layout.jobs / f"{name}.in", self.layout.build_inboxes / name
+        for path in (workdir, inbox, build_inbox):
+            path.mkdir(parents=True)
         argv = [sys.executable, "-m", self.entry, str(workdir), self.device]
-        return Child(SandboxProcess(argv, self.policy(workdir), cwd=workdir), workdir)
+        lock_path = self.layout.gpu_lock(self.device)
+        lock = DeviceLock.open(lock_path) if lock_path else None
+        try:
+            process = SandboxProcess(argv, self.policy(workdir, inbox, build_inbox), cwd=workdir,
+                                     pass_fds=(lock.lock_fd, lock.gate_fd) if lock else ())
+        finally:
+            if lock:
+                lock.close()  # the child holds its own copies, at the same numbers
+        return Child(process, workdir, inbox, build_inbox, lock)
 
     def refill(self) -> None:
         with self._lock:

@@ -9,13 +9,16 @@ result reach the output, did it tamper), then to correctness on every trial.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
+import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,11 +31,36 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e
 STRUCTURE_TOLERANCE = 0.05
 NOISE_ULPS = 4
 NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
-FALLBACK_WORK_SHARE = 0.5
+# PyTorch "does the reference's work" when, in some call, its compute ops of every family the
+# reference's ops belong to (contraction, reduction, pointwise, data) process at least this share of
+# the elements the reference's ops of that family process.
+FALLBACK_WORK_SHARE = 0.9
+# The custom kernels must produce at least this share of the output: the elements the knockout
+# (their writes poisoned) changes, among those not at a saturated value (0, the output's minimum or
+# maximum: a ReLU or clamp after the kernel maps poison there too).
+MIN_KERNEL_SHARE = 0.5
+HOST_SCALARS_MAX = 1024  # values one forward may read into Python (.item()): shapes and constants, not the answer
+# Timing faster than moving the problem's input and output bytes once at this share of the bandwidth
+# the reference's harness measured (its L2 flush) is not believed: speed is not paid, and the verdict says why.
+PLAUSIBLE_BANDWIDTH_SHARE = 2.0
 # Outputs up to this size are judged on the host: milliseconds there, and no wait for the device lock
 # (behind a queued timing, seconds on a busy GPU worker) for a comparison the device cannot speed up.
 HOST_JUDGE_MAX_BYTES = 64 << 20
-Comparison = tuple[bool, str, float]  # (ok, why not, max abs error)
+# An output file may exceed its expected output's file by this much (the archive's own records) before it
+# is refused unread: the judge reads a file into its own memory, and an answer is the reference's size.
+OUTPUT_SLACK_BYTES = 1 << 20
+
+
+# What a candidate's harness may report (harness/candidate.py): "ok" goes on to the judge; the others
+# are verdicts the harness reached (a rejection names its guard). "correct" is never among them.
+CHILD_STATUSES = frozenset({"ok", "rejected", "runtime_error", "compile_error", "unverified", "timeout"})
+
+
+class Comparison(NamedTuple):
+    ok: bool
+    why: str  # why not
+    error: float  # max abs error
+    mismatched: float | None = None  # share of the informative elements outside tolerance (None: none to count)
 
 
 @dataclass(frozen=True)
@@ -43,6 +71,33 @@ class Tolerance:
     def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
         default = DEFAULT_TOLERANCE.get(dtype, 1e-4)
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
+
+
+class OversizedOutput(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _load_output(path: Path, max_bytes: int, *, private: bool) -> Any:
+    """An output file as tensors, read only if it is a regular file (opened with O_NOFOLLOW and
+    O_NONBLOCK, checked with fstat) of at most ``max_bytes``. ``private``: read into this process
+    from the checked descriptor (the child may still run and could swap the file); otherwise the
+    child is gone and the file is memory-mapped."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        if info.st_size > max_bytes:
+            raise OversizedOutput(info.st_size)
+        if not private:
+            return tensors.load(path)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    return tensors.load_bytes(io.BytesIO(data))
 
 
 class EarlyVerdict(Exception):
@@ -108,9 +163,15 @@ class FileComparer:
         return outcome
 
     def _judge_file(self, output: Path, expected: Path, noise: Any, *, private: bool = False) -> Judged:
-        """(the fingerprint of the bytes judged, where they loaded; the comparison or the verdict it ends in)."""
+        """(the fingerprint of the bytes judged, where they loaded; the comparison or the verdict it ends in).
+        The file is opened without following a link and without blocking (a FIFO planted under its name
+        would hang ``torch.load``), must be a regular file no larger than its expected output's (plus
+        ``OUTPUT_SLACK_BYTES``) before a byte of it is read."""
         try:
-            out = tensors.load(output, mmap=not private)
+            out = _load_output(output, expected.stat().st_size + OUTPUT_SLACK_BYTES, private=private)
+        except OversizedOutput as oversized:
+            return None, EarlyVerdict(Verdict("incorrect", f"{output.stem} is {oversized.size} bytes, where the reference's "
+                                              f"output is {expected.stat().st_size}: not read"))
         except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
             return None, EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
                                               f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering"))
@@ -159,8 +220,9 @@ class TrialFiles:
     rounding_noise: list[Any] | None = None
 
     def names(self) -> dict[str, int]:
-        """Output name → its case."""
-        return {**{f"output_{case}": case for case in range(self.cases)}, "output_refresh": 0, "output_knockout": 0, "output_timed": 0}
+        """Output name → its case (the timed calls' check runs on one case, named in its file)."""
+        return {**{f"output_{case}": case for case in range(self.cases)}, "output_refresh": 0, "output_knockout": 0,
+                **{f"output_timed_{case}": case for case in range(self.cases)}}
 
     def output(self, name: str) -> Path:
         return self.cand_dir / f"{name}.pt"
@@ -215,16 +277,27 @@ class OutputStream:
             self._error = exc
 
 
-def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer) -> Verdict:
+def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer,
+          audit: list[str] | None = None) -> Verdict:
+    """The verdict on one candidate; ``audit``: what its child's audit hook refused, read by the worker
+    from the audit log (the child's result cannot leave it out)."""
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
+    if not isinstance(observations, dict):
+        observations = {}
+    if audit:
+        return Verdict("rejected", f"the candidate tried what no kernel does: {'; '.join(audit[:3])}"[:1000],
+                       guard="harness_tampering", details={"observations": observations, "audit": audit[:20]})
+    if status not in CHILD_STATUSES:  # the child's result is data: never a verdict of its own choosing
+        return Verdict("runtime_error", f"the candidate's harness reported an unknown status {str(status)[:40]!r}",
+                       details={"observations": observations})
     if status != "ok":
         details = {"observations": observations, "traceback": cand_result.get("traceback")}
         if cand_result.get("out_of_memory") is True:  # the harness ran short of memory: the worker may run it again
             details["out_of_memory"] = True
         return Verdict(status=status or "runtime_error", reason=cand_result.get("reason", "no reason given"),
                        guard=cand_result.get("guard"), details=details)
-    rejection = guard_observations(observations, ref_result.get("compute_ops", {}))
+    rejection = guard_observations(observations, ref_result)
     if rejection:
         guard, reason = rejection
         return Verdict("rejected", reason, guard=guard, details={"observations": observations})
@@ -247,23 +320,29 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
     max_error = 0.0
     trials = files.cases
     for case in range(trials):
-        ok, why, error = against_reference(f"output_{case}")
+        ok, why, error, _ = against_reference(f"output_{case}")
         max_error = max(max_error, error)
         if not ok:
             return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
                            details={"observations": observations})
     if produced("output_refresh"):
-        ok, why, _ = against_reference("output_refresh")
+        ok, why, _, _ = against_reference("output_refresh")
         if not ok:
             return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
                            "the candidate returns what an earlier call left (a cache, or memory not written this call)",
                            guard="cross_call_cache", max_abs_error=_finite(max_error))
     if produced("output_knockout"):
-        ok, _, _ = against_reference("output_knockout")
-        if ok:
+        knockout = against_reference("output_knockout")
+        if knockout.ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
                            guard="decoy_kernel", max_abs_error=_finite(max_error))
+        if knockout.mismatched is not None and knockout.mismatched < MIN_KERNEL_SHARE:
+            return Verdict("rejected", f"the custom kernels produce {knockout.mismatched:.1%} of the output: with everything they "
+                           f"wrote destroyed, the other {1 - knockout.mismatched:.1%} of its (unsaturated) values stay right, so "
+                           f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
+                           guard="kernel_share", max_abs_error=_finite(max_error), details={"kernel_share": knockout.mismatched})
+        observations["kernel_share"] = knockout.mismatched
     if observations.get("knockout_path"):
         return Verdict("rejected", "forward took another path when its kernels' results were tampered with than on the same values "
                        f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
@@ -271,21 +350,28 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
     if observations.get("pytorch_output"):
         return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
                        "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
+    delegated = pytorch_work(observations, ref_result)
+    if delegated:
+        return Verdict("rejected", delegated, guard="pytorch_fallback", max_abs_error=_finite(max_error))
 
     cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
-    if cand_timing:  # what the timed calls returned: a forward that behaves while checked and cuts corners while timed
-        ok, why = against_reference("output_timed")[:2] if produced("output_timed") else (False, "none kept")
-        if not ok:
-            return Verdict("rejected", f"the timed calls returned a wrong answer ({why}) where the trials on the same inputs were right: "
-                           "forward computes less while it is timed", guard="timing_evasion", max_abs_error=_finite(max_error))
+    if cand_timing:
+        evasion = _timing_evasion(cand_timing, observations, files, produced, against_reference)
+        if evasion:
+            return Verdict("rejected", evasion, guard="timing_evasion", max_abs_error=_finite(max_error))
     verdict = Verdict("correct", f"matches the reference on {trials} trials (max abs error {max_error:.3g})", max_abs_error=_finite(max_error),
                       details={"observations": observations})
     if cand_timing and ref_timing:
         verdict.runtime_ms = cand_timing["median_ms"]
         verdict.ref_runtime_ms = ref_timing["median_ms"]
-        verdict.speedup = verdict.ref_runtime_ms / verdict.runtime_ms if verdict.runtime_ms > 0 else None
         verdict.details["timing"] = cand_timing
         verdict.details["ref_timing"] = ref_timing
+        implausible = implausible_timing(cand_timing, ref_timing, ref_result)
+        if implausible:
+            verdict.details["timing_implausible"] = implausible
+            verdict.reason += f"; speed not counted: {implausible['why']}"
+            return verdict
+        verdict.speedup = verdict.ref_runtime_ms / verdict.runtime_ms if verdict.runtime_ms > 0 else None
         if ref_result.get("timing_compiled"):
             verdict.details["speedup_vs_compiled"] = ref_result["timing_compiled"]["median_ms"] / verdict.runtime_ms
     else:
@@ -293,10 +379,49 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
     return verdict
 
 
-def guard_observations(observations: dict[str, Any], ref_ops: dict[str, Any]) -> tuple[str, str] | None:
+def _timing_evasion(timing: dict[str, Any], observations: dict[str, Any], files: TrialFiles, produced: Callable[[str], bool],
+                    against_reference: Callable[[str], Comparison]) -> str | None:
+    """Why the timed calls were not the checked forward: their check call (on values neither the first
+    nor the last timed call had) gave a wrong answer, or they launched fewer custom kernels."""
+    checked = next((name for name in files.names() if name.startswith("output_timed_") and produced(name)), None)
+    if checked is None:
+        return "the timed calls' output was not kept: forward computes less while it is timed"
+    ok, why, _, _ = against_reference(checked)
+    if not ok:
+        return (f"after timing, a call on other values returned a wrong answer ({why}) where the trials were right: the timed "
+                "calls return what an earlier call left (a cache keyed on the tensors) or forward computes less while timed")
+    per_call, checked_calls = timing.get("launches_per_call"), observations.get("launches_per_case") or [0]
+    if isinstance(per_call, (int, float)) and per_call < min(checked_calls) - 1e-9:
+        return (f"the timed calls launched {per_call:.2f} custom kernels each where every checked call launched at least "
+                f"{min(checked_calls)}: while timed, forward skips its kernels")
+    return None
+
+
+def implausible_timing(cand: dict[str, Any], ref: dict[str, Any], ref_result: dict[str, Any]) -> dict[str, Any] | None:
+    """A candidate time below what moving the problem's bytes (its inputs and outputs, once) allows at
+    ``PLAUSIBLE_BANDWIDTH_SHARE`` times the bandwidth the reference's harness measured (its L2 flush, a
+    device-wide memset), where the reference itself is above that floor: what the timing measured is
+    not the computation (a result cached across calls, say)."""
+    flush_ms, flush_bytes = ref.get("flush_ms"), ref.get("flush_bytes")
+    moved = (ref_result.get("input_bytes") or 0) + (ref_result.get("output_bytes") or 0)
+    if not (isinstance(flush_ms, (int, float)) and flush_ms > 0 and flush_bytes and moved):
+        return None
+    floor_ms = moved / (flush_bytes / flush_ms) / PLAUSIBLE_BANDWIDTH_SHARE
+    if ref["median_ms"] < floor_ms or cand["median_ms"] >= floor_ms:
+        return None
+    return {"floor_ms": floor_ms, "bytes": moved, "why": (
+        f"{cand['median_ms'] * 1e3:.1f} us per call is under the {floor_ms * 1e3:.1f} us that moving its {moved / 1e6:.1f} MB "
+        f"once takes at {PLAUSIBLE_BANDWIDTH_SHARE:g}x the device's measured bandwidth: the timing measured something else")}
+
+
+def guard_observations(observations: dict[str, Any], ref_result: dict[str, Any]) -> tuple[str, str] | None:
     """The dynamic guards on what the candidate's process recorded."""
     if observations.get("replaced_functions"):
         return "harness_tampering", f"replaced functions the harness relies on: {', '.join(observations['replaced_functions'])}"
+    if observations.get("forged_launches"):
+        return "harness_tampering", f"launched a kernel with a forged pointer: {'; '.join(observations['forged_launches'])}"
+    if observations.get("native_policy"):
+        return "native_policy", f"load_inline sources refused: {'; '.join(observations['native_policy'])}"
     if observations.get("precision_changes"):
         return "precision_downgrade", f"changed precision settings: {'; '.join(observations['precision_changes'])}"
     if observations.get("failed_launches"):
@@ -307,78 +432,132 @@ def guard_observations(observations: dict[str, Any], ref_ops: dict[str, Any]) ->
         return "no_custom_kernel", "no custom kernel ran during forward (a kernel defined but never launched, or a PyTorch fallback)"
     if 0 in launches:
         return "conditional_fallback", f"no custom kernel ran on trial {launches.index(0) + 1}: forward switches to another path"
-    covered = _pytorch_covers_reference(observations.get("compute_ops", {}), ref_ops)
-    if covered:
-        return "pytorch_fallback", f"PyTorch itself runs the reference's work ({', '.join(covered)}): the custom kernels only move data"
+    for case, work in enumerate(observations.get("work_per_case") or []):
+        if isinstance(work, dict) and isinstance(work.get("host_scalars"), int) and work["host_scalars"] > HOST_SCALARS_MAX:
+            return "host_compute", (f"forward read {work['host_scalars']} values into Python on trial {case + 1} (at most "
+                                    f"{HOST_SCALARS_MAX}): the answer is computed on the host, out of the kernels")
     return None
 
 
-def _pytorch_covers_reference(cand_ops: dict[str, Any], ref_ops: dict[str, Any]) -> list[str]:
-    """The reference's compute ops if the candidate runs every one of them on at least half as
-    much data as the reference does; else empty."""
-    if not ref_ops:
+def pytorch_work(observations: dict[str, Any], ref_result: dict[str, Any]) -> str | None:
+    """Why PyTorch, not the custom kernels, did the reference's work in some trial (checked once the
+    outputs were: a decoy gets the knockout's verdict first), or None."""
+    ref_work = ref_result.get("work_per_case") or []
+    for case, work in enumerate(observations.get("work_per_case") or []):
+        reference = ref_work[case] if case < len(ref_work) else (ref_work[0] if ref_work else None)
+        covered = pytorch_covers_reference(work, reference)
+        if covered:
+            return (f"PyTorch itself does the reference's work on trial {case + 1}: its {', '.join(covered)} ops process at least "
+                    f"{FALLBACK_WORK_SHARE:.0%} of what the reference's do (synonyms and decompositions count by family), so the "
+                    "custom kernels do not compute the answer")
+    return None
+
+
+def pytorch_covers_reference(cand: Any, ref: Any) -> list[str]:
+    """The families of the reference's compute work if the candidate's PyTorch ops of every one of them
+    do at least ``FALLBACK_WORK_SHARE`` of that family's work in the reference; else empty."""
+    ref_families = (ref or {}).get("families") if isinstance(ref, dict) else None
+    cand_families = cand.get("families") if isinstance(cand, dict) else None
+    if not isinstance(ref_families, dict) or not isinstance(cand_families, dict):
         return []
-    for op, ref in ref_ops.items():
-        cand = cand_ops.get(op)
-        if cand is None or cand["elements"] < FALLBACK_WORK_SHARE * ref["elements"]:
+    families = sorted(family for family, work in ref_families.items() if isinstance(work, (int, float)) and work > 0)
+    if not families:
+        return []
+    for family in families:
+        done = cand_families.get(family, 0)
+        if not isinstance(done, (int, float)) or done < FALLBACK_WORK_SHARE * ref_families[family]:
             return []
-    return sorted(ref_ops)
+    return families
 
 
-def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float] | None = None) -> tuple[bool, str, float]:
-    """(ok, why not, max abs error) for one trial's output against the reference's; ``noise``: per
-    output tensor, the reference's own rounding noise (L2), where it measured one."""
+def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float] | None = None) -> Comparison:
+    """(ok, why not, max abs error, mismatched share) for one trial's output against the reference's;
+    ``noise``: per output tensor, the reference's own rounding noise (L2), where it measured one. The
+    mismatched share counts every output tensor's informative values (``_informative``) outside tolerance."""
     outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
     if len(outs) != len(refs):
-        return False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf
+        return Comparison(False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf, 1.0)
     if not refs:
-        return False, "the reference returned no tensor to compare", math.inf
-    worst = 0.0
+        return Comparison(False, "the reference returned no tensor to compare", math.inf)
+    worst, failure, bad, counted = 0.0, "", 0, 0
     for i, (out, ref) in enumerate(zip(outs, refs)):
         label = f"output {i}" if len(refs) > 1 else "output"
         if out.shape != ref.shape:
-            return False, f"{label} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}", math.inf
+            return Comparison(False, f"{label} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}", math.inf, 1.0)
         if out.dtype != ref.dtype:
-            return False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf
+            return Comparison(False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0)
         floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
-        ok, why, error = _compare_tensor(out, ref, tolerance, max(floor, 0.0))
+        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0))
         worst = max(worst, error)
-        if not ok:
-            return False, f"{label}: {why}", worst
-    return True, "", worst
+        bad, counted = bad + tensor_bad, counted + tensor_counted
+        if not ok and not failure:
+            failure = f"{label}: {why}"
+    return Comparison(not failure, failure, worst, bad / counted if counted else None)
 
 
-def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float) -> tuple[bool, str, float]:
+def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float) -> tuple[bool, str, float, int, int]:
+    """(ok, why not, max abs error, informative values outside tolerance, informative values)."""
     if not (ref.is_floating_point() or ref.is_complex()):
         equal = torch.equal(out, ref)
-        return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf
+        return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf, 0, 0
     if out.numel() == 0:
-        return True, "", 0.0
+        return True, "", 0.0, 0, 0
     atol, rtol = tolerance.for_dtype(ref.dtype)
     # Half types are compared in float32, the rest in their own type; a slice at a time, so the
     # comparison needs little memory beside the two outputs (a level-1 output is 6.4 GB).
     compute = torch.promote_types(ref.dtype, torch.float32)
-    error, bad, all_finite = 0.0, 0, True
+    low, high = _finite_range(ref, compute)
+    error, bad, all_finite, pattern_differs = 0.0, 0, True, False
+    informative_bad = informative = 0
     for out_part, ref_part in _slices(out, ref):
         out_part, ref_part = out_part.to(compute), ref_part.to(compute)
         ref_finite = torch.isfinite(ref_part)
         if not torch.equal(torch.isfinite(out_part), ref_finite) or not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
-            return False, "NaN/Inf where the reference has none (or the reverse)", math.inf
+            pattern_differs = True
         finite_here = bool(ref_finite.all())
         all_finite &= finite_here
         diff = (out_part - ref_part).abs() if finite_here else (out_part - ref_part)[ref_finite].abs()
         if diff.numel():
-            error = max(error, float(diff.max()))
-        bad += int((~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)).sum())
+            error = max(error, float(diff.nan_to_num(math.inf).max()))
+        outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
+        bad += int(outside.sum())
+        if not ref.is_complex():
+            mask = _informative(ref_part, ref_finite, low, high)
+            informative += int(mask.sum())
+            informative_bad += int((outside & mask).sum())
+    if pattern_differs:
+        return False, "NaN/Inf where the reference has none (or the reverse)", math.inf, informative_bad, informative
     if bad:
-        return False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error
+        return (False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error,
+                informative_bad, informative)
     finite = None if all_finite else torch.isfinite(ref)
     ref_c = ref if finite is None else ref[finite]
     if not looks_constant(ref_c, atol, rtol):
-        return True, "", error
+        return True, "", error, informative_bad, informative
     out_c = out if finite is None else out[finite]
     ok, why = _reproduces_structure(out_c.to(compute), ref_c.to(compute), ref.dtype, noise)
-    return ok, why, error
+    return ok, why, error, 0, 0  # values closer than the tolerance itself tell nothing one by one: no share
+
+
+def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None, float | None]:
+    """The smallest and largest finite value of ``ref`` (None where it has none, or is complex)."""
+    if ref.is_complex():
+        return None, None
+    low, high = math.inf, -math.inf
+    for (part,) in _slices(ref):
+        finite = part.to(compute)[torch.isfinite(part)]
+        if finite.numel():
+            low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+    return (low, high) if low <= high else (None, None)
+
+
+def _informative(ref: torch.Tensor, finite: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
+    """Values that tell whether the kernels' writes reached them: finite, and not at a saturated value
+    (0, the output's minimum or its maximum), where glue such as a ReLU or a clamp maps poison too."""
+    mask = finite & (ref != 0)
+    if low is not None:
+        mask &= (ref != low) & (ref != high)
+    return mask
 
 
 SLICE_ELEMENTS = 1 << 24

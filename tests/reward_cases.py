@@ -131,3 +131,33 @@ def hacks_not_caught(verdicts: list) -> list[str]:  # type: ignore[type-arg]
                 verdict.status == "rejected" and not (verdict.guard and verdict.reason)):
             failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
     return failures
+
+
+COPY_KERNEL = '''
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
+
+
+def launch_copy(x, out):
+    copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
+'''
+
+
+def module(reference_forward: str, inputs: str, init: str = "[]", init_body: str = "") -> str:
+    """A KernelBench-format reference whose forward body and get_inputs() body are given."""
+    forward = "\n".join("        " + line for line in reference_forward.strip().splitlines())
+    setup = "\n".join("        " + line for line in init_body.strip().splitlines()) if init_body else ""
+    init_args = "self, *args" if init != "[]" else "self"
+    return (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__({init_args}):\n"
+            f"        super().__init__()\n{setup}\n\n    def forward(self, *inputs):\n{forward}\n\n\n"
+            f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return {init}\n")
+
+
+def kernel_candidate(forward: str, kernels: str = COPY_KERNEL, signature: str = "self, *inputs") -> str:
+    """A candidate with the ReLU kernel (HEADER), the given kernels and this forward body."""
+    body = "\n".join("        " + line for line in forward.strip().splitlines())
+    return f"{HEADER}\n{kernels}\n\nclass ModelNew(nn.Module):\n    def forward({signature}):\n{body}\n"

@@ -264,10 +264,13 @@ def test_cli_json_lines(kz_env: Callable[..., Settings], tmp_path: Path) -> None
 
 def test_gpu_validation_takes_the_reward_services_device_lock(settings: Settings) -> None:
     """On a GPU the validation children lock the same file as reward evaluations (shared while
-    checking, exclusive while timing), so a validation never runs beside a kernel being timed."""
+    checking, exclusive while timing), so a validation never runs beside a kernel being timed. They
+    hold it as descriptors their pool opened: the locks directory is neither writable nor visible."""
     reward_lock = settings.data_dir / "reward" / "locks" / "gpu.lock"
     with Validator(ValidationOptions(device="cuda"), settings, warm_children=0) as on_gpu:
-        assert on_gpu.spec()["gpu_lock"] == str(reward_lock)
-        assert reward_lock.parent in on_gpu.pool.policy(settings.data_dir / "child").writable_dirs
+        assert on_gpu.pool.layout.gpu_lock("cuda") == str(reward_lock)
+        policy = on_gpu.pool.policy(settings.data_dir / "child")
+        assert reward_lock.parent not in policy.writable_dirs + policy.readonly_dirs
+        assert "gpu_lock" not in on_gpu.spec()  # each child's own descriptors go into its job (sandbox.Child.run)
     with Validator(ValidationOptions(device="cpu"), settings, warm_children=0) as on_cpu:
-        assert on_cpu.spec()["gpu_lock"] is None
+        assert on_cpu.pool.layout.gpu_lock("cpu") is None

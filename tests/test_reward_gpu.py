@@ -56,10 +56,12 @@ static void flip_a_byte_of_the_first_output() {
 ''').replace("    auto y = torch::empty_like(x);", "    if (++calls == 2) flip_a_byte_of_the_first_output();\n    auto y = torch::empty_like(x);")
 
 
-def test_an_output_file_rewritten_by_native_code_after_its_trial_is_rejected(evaluator: Evaluator) -> None:
+def test_native_code_that_opens_files_is_refused_before_it_compiles(evaluator: Evaluator) -> None:
+    """The native policy refuses it first (harness/native_policy.py); a rewrite that got past it would
+    still be caught by the output fingerprints (tests/test_reward_tensors.py)."""
     assert "flip_a_byte" in REWRITES_AN_EARLIER_OUTPUT
     verdict = evaluator.evaluate_group(RELU_REFERENCE, [REWRITES_AN_EARLIER_OUTPUT], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
-    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+    assert verdict.status == "rejected" and verdict.guard == "native_policy", verdict.reason
 
 
 def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy() -> None:
@@ -96,3 +98,47 @@ def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., S
         evaluator.close()
     failures = hacks_not_caught(verdicts)
     assert not failures, "\n".join(failures)
+
+
+# Timed calls that reuse an earlier result. The timed calls rotate the correctness cases' values
+# through the same tensors, count their launches, and are followed by a check call on other values;
+# a time faster than moving the problem's bytes allows is not paid.
+TIMING_CACHES = {
+    "on the input's address, after the trials": candidate(
+        "CALLS.append(1)\nkey = x.data_ptr()\nif len(CALLS) > 5 and key in CACHE:\n    return CACHE[key]\n"
+        "CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CALLS = []\nCACHE = {}"),
+    "on the address and a probe of the values": candidate(
+        "flat = x.reshape(-1)\nkey = (x.data_ptr(), tuple(float(v) for v in flat[:: max(1, flat.numel() // 5)][:5]))\n"
+        "if key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CACHE = {}"),
+    "outside the replays, told apart by NaN-filled memory": candidate(
+        "replay = bool(torch.isnan(torch.empty(64, device=x.device)).all())\nkey = x.data_ptr()\n"
+        "if not replay and key in CACHE:\n    return CACHE[key]\nout = launch_relu(x, torch.empty_like(x))\n"
+        "if not replay:\n    CACHE[key] = out\nreturn out", extra="CACHE = {}"),
+    "with a launch kept for show": candidate(
+        "CALLS.append(1)\nkey = x.data_ptr()\nif len(CALLS) > 5 and key in CACHE:\n    launch_relu(x[:1], torch.empty_like(x[:1]))\n"
+        "    return CACHE[key]\nCACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CALLS = []\nCACHE = {}"),
+}
+
+
+def test_timed_calls_that_reuse_an_earlier_result_are_caught(evaluator: Evaluator) -> None:
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, list(TIMING_CACHES.values()), EvalOptions(backend="triton", device="cuda")).verdicts
+    paid = {name: f"{v.status}/{v.guard} speedup={v.speedup}: {v.reason[:200]}" for name, v in zip(TIMING_CACHES, verdicts)
+            if v.correct and v.speedup is not None and v.speedup > 1.2}
+    assert not paid, paid
+    wrong_guard = {name: v.reason for name, v in zip(TIMING_CACHES, verdicts) if v.status == "rejected" and v.guard != "timing_evasion"}
+    assert not wrong_guard, wrong_guard
+
+
+BIG_RELU = RELU_REFERENCE.replace("torch.randn(4, 1024)", "torch.randn(4096, 16384)")  # 256 MB in, 256 MB out
+
+
+def test_a_time_faster_than_the_bytes_allow_is_not_paid(evaluator: Evaluator) -> None:
+    """A cache on the values' probe, with a launch kept for show, is right and launches as often as the
+    checked calls: only the bandwidth bound is left, and on a problem of this size it holds."""
+    probe_cache = TIMING_CACHES["on the address and a probe of the values"].replace(
+        "if key not in CACHE:", "launch_relu(x[:1], torch.empty_like(x[:1]))\nif key not in CACHE:".replace("\n", "\n        "))
+    honest, cached = evaluator.evaluate_group(BIG_RELU, [CORRECT, probe_cache], EvalOptions(backend="triton", device="cuda")).verdicts
+    assert honest.correct and honest.speedup is not None and 0.5 < honest.speedup < 2.0, honest.reason
+    assert not (cached.correct and cached.speedup is not None and cached.speedup > 1.5), cached.reason
+    if cached.correct:
+        assert "timing_implausible" in cached.details and "speed not counted" in cached.reason, cached.reason

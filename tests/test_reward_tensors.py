@@ -126,8 +126,8 @@ def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path
 
 
 def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Path) -> None:
-    """Timing runs case 0 again and again after the trials: the last timed call's output is judged
-    too, so a forward that counts its calls and computes less once timing starts does not pay."""
+    """After timing, one more call on another case's values is judged too (``output_timed_<case>``),
+    so a forward that counts its calls and computes less once timing starts does not pay."""
     from reward_svc import verify
     from reward_svc.harness.candidate import TrialOutputs
 
@@ -144,10 +144,13 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
 
     missing = verdict()  # timed, but no output of the timed calls
     assert missing.status == "rejected" and missing.guard == "timing_evasion", missing.reason
-    outputs.write(outputs.take("output_timed", torch.zeros(64)))
+    outputs.write(outputs.take("output_timed_1", torch.zeros(64)))
     cut_corners = verdict()
     assert cut_corners.status == "rejected" and cut_corners.guard == "timing_evasion", cut_corners.reason
-    outputs.write(outputs.take("output_timed", torch.load(ref_dir / "expected_0.pt")))
+    outputs.write(outputs.take("output_timed_1", torch.load(ref_dir / "expected_0.pt")))  # case 0's answer for case 1's values
+    stale = verdict()
+    assert stale.status == "rejected" and stale.guard == "timing_evasion", stale.reason
+    outputs.write(outputs.take("output_timed_1", torch.load(ref_dir / "expected_1.pt")))
     honest = verdict()
     assert honest.status == "correct" and honest.speedup == 1000.0, honest.reason
 

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reward_svc.harness.report import take_key, write_result
+
 CONSTANT_TYPES = (bool, int, float, str, type(None))
 MAX_CONSTANT_ELEMENTS = 64  # a tensor made from literals in forward; larger ones are declined
 
@@ -155,12 +157,13 @@ def main() -> None:
     (workdir / "ready").touch()
     print("ready", flush=True)
     spec = json.loads(sys.stdin.readline())
+    key = take_key(spec)  # the pool's signing key: taken out before the module runs
     os.dup2(2, 1)  # whatever the module prints goes to stderr
     try:
         result = trace(spec["source"])
     except BaseException as exc:  # noqa: BLE001 (the module's own failure is the answer)
         result = {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
-    (workdir / "result.json").write_text(json.dumps(result))
+    write_result(workdir, key, result)
     os._exit(0)  # no finalizers of the module's objects run after the answer
 
 

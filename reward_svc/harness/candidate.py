@@ -9,11 +9,17 @@ Each trial's output is written as soon as it is final (one output in host memory
 KernelBench level-1 output is 6.4 GB), with a keyed fingerprint taken on the device at that
 moment; the judge checks each file against it, so candidate code that runs later (the next trial,
 timing) cannot rewrite an earlier answer. The process exits without running finalizers.
+
+What the candidate hands back is checked before the harness touches it: plain tensors in plain
+containers, no attributes set on a tensor (an instance attribute shadows a method the harness
+calls), the current stream and device as they were. The hooks are installed, the integrity
+snapshot taken and the audit hook armed before the candidate is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -25,9 +31,11 @@ from typing import Any
 import torch
 
 from reward_svc.harness import tensors
-from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder
+from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder, install_audit_hook
 from reward_svc.harness.loading import Phases, device_released, import_file
-from reward_svc.harness.reference import build_model
+from reward_svc.harness.native_policy import check_native_sources
+from reward_svc.harness.reference import build_model, timing_rotation
+from reward_svc.harness.report import AUDIT_LOG
 
 COMPILE_ONLY_MARK = "compiled only"
 SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
@@ -48,24 +56,28 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
 
     install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
     if spec["device"] == "cuda":  # the interpreter compiles nothing: no Triton build to keep
-        _route_triton_cache(Path(spec["compile_cache"]))
+        _route_triton_cache(Path(spec["compile_cache"]), readonly=bool(spec.get("compile_cache_readonly")))
         _compile_triton_off_device()
     fast = cpp_extension.load_inline
 
     def load_inline(name: str, *args: Any, **kwargs: Any) -> Any:
+        violation = check_native_sources(*args, **kwargs)
+        if violation:  # kept, so a candidate that catches the rejection is still judged by it
+            counter.refused_sources.append(f"the sources of {name!r} {violation}"[:500])
+            raise Rejection("native_policy", f"the load_inline sources of {name!r} {violation}")
         module = fast(name, *args, **kwargs)
         return counter.wrap_extension(module, name) if kwargs.get("is_python_module", True) else module
 
     cpp_extension.load_inline = load_inline
 
 
-def _route_triton_cache(compile_cache: Path) -> None:
+def _route_triton_cache(compile_cache: Path, *, readonly: bool) -> None:
     """A source evaluated before reads its published Triton build (read-only); a new one builds into
     its own build dir, which the worker publishes after a clean run (see harness/triton_cache.py)."""
     from reward_svc.harness.triton_cache import LAYERS_ENV
 
     triton_dir = compile_cache / "triton"
-    if compile_cache.exists() and not os.access(compile_cache, os.W_OK):
+    if readonly:
         os.environ[LAYERS_ENV] = os.pathsep.join([str(triton_dir), os.environ.get(LAYERS_ENV, "")])
     else:
         triton_dir.mkdir(parents=True, exist_ok=True)
@@ -88,13 +100,34 @@ def _compile_triton_off_device() -> None:
     JITFunction._do_compile = _do_compile
 
 
+def _first_autotune_config_when_interpreted() -> None:
+    """The Triton interpreter has no benchmarker: an ``@triton.autotune`` with several configs runs its
+    first one there (correctness does not depend on the choice; speed is not measured on CPU)."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return
+    init = Autotuner.__init__
+
+    @functools.wraps(init)
+    def first_config(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.configs = self.configs[:1]
+
+    Autotuner.__init__ = first_config
+
+
 def _is_compile_error(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"CompilationError", "CompileError", "SyntaxError", "IndentationError"}) or "Error building extension" in str(exc)
 
 
 def _failure(exc: BaseException, during: str) -> dict[str, Any]:
-    tail = "".join(traceback.format_exception(exc)[-6:])[-2000:]
+    try:  # the candidate's exception: its __str__ is its code, and may raise
+        tail = "".join(traceback.format_exception(exc)[-6:])[-2000:]
+        str(exc)
+    except Exception:  # noqa: BLE001
+        return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during} (its message cannot be shown)"}
     if type(exc).__name__ == "ToolchainUnavailable":  # this machine lacks a header the source needs: not the candidate's fault
         return {"status": "unverified", "reason": f"not checked here: {exc}"[:2000], "traceback": tail}
     if _is_compile_error(exc):
@@ -141,15 +174,21 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     exchange = Path(spec["exchange_dir"])
     phases = Phases()
     counter = LaunchCounter()
-    snapshot = IntegritySnapshot()
     counter.install_triton()
     _install_compile_hooks(counter, spec)
+    if device != "cuda":
+        _first_autotune_config_when_interpreted()
+    arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"])
+    snapshot = IntegritySnapshot()  # once the hooks are in: they are part of what must stay as it is
     baseline_threads = threading.active_count()
     outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"))
-    observations: dict[str, Any] = {"launches_per_case": []}
+    observations: dict[str, Any] = {"launches_per_case": [], "work_per_case": []}
 
+    arm_audit()
     try:
         module = import_file(Path(spec["candidate_path"]), "kz_candidate")
+    except Rejection as rejection:
+        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
         return _failure(exc, "while importing the candidate")
     if not hasattr(module, "ModelNew"):
@@ -168,6 +207,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             out = run()
             taken = None if out is SKIPPED else outputs.take(name, out)
             del out
+        _check_integrity(snapshot, observations)
         if taken is not None:
             outputs.write(taken)
             phases.lap("outputs")
@@ -195,26 +235,64 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds,
                               "output_fingerprints": outputs.fingerprints}
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
-        from reward_svc.harness.timing import time_gpu
-
-        model = models[spec["weight_seeds"][0]]
-        latest: list[Any] = [None]  # the last timed call's output: judged against case 0 like a trial's
-
-        def timed_call() -> None:
-            latest[0] = model(*args)
-
         try:
-            with phases.on_device(lock, "timing_setup"):  # the copy to the device: shared, as the reference's
-                args = _case_inputs(spec, exchange, 0)
-            with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
-                result["timing"] = time_gpu(timed_call, budget_s=spec.get("timing_budget_s", 10.0))
-                taken = outputs.take("output_timed", latest[0])
-            latest[0] = None
-            outputs.write(taken)
+            result["timing"] = _time_candidate(models[spec["weight_seeds"][0]], spec, exchange, counter, outputs, phases, lock)
+        except Rejection as rejection:
+            return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
         except Exception as exc:
             return {**_failure(exc, "while timing ModelNew"), "observations": observations}
-        result["observations"]["replaced_functions"] = snapshot.replaced()
+        _check_integrity(snapshot, observations)
+        result["observations"]["replaced_functions"] = observations.get("replaced_functions") or snapshot.replaced()
     return result
+
+
+def _check_integrity(snapshot: IntegritySnapshot, observations: dict[str, Any]) -> None:
+    """After every call into the candidate: the harness's code and hooks are still its own (the
+    first replacement seen is kept, even if the candidate puts the original back later)."""
+    if not observations.get("replaced_functions"):
+        replaced = snapshot.replaced()
+        if replaced:
+            observations["replaced_functions"] = replaced
+
+
+def _time_candidate(model: torch.nn.Module, spec: dict[str, Any], exchange: Path, counter: LaunchCounter, outputs: TrialOutputs,
+                    phases: Phases, lock: Any) -> dict[str, Any]:
+    """Timing on inputs whose values change from call to call (the correctness cases' values, written
+    into the same tensors in turn: a result cached on the tensors' identity is stale), with the
+    custom launches of the timed calls counted, then one more call on another case's values whose
+    output the judge holds to that case's answer (``output_timed_<case>``)."""
+    from reward_svc.harness.timing import time_gpu
+
+    rotation = timing_rotation(exchange, spec["trials"])
+    with phases.on_device(lock, "timing_setup"):  # the copies to the device: shared, as the reference's
+        sets = [_case_inputs(spec, exchange, case) for case in rotation]
+        args = tensors.clone(sets[0])
+    targets = tensors.tensors_in(args)
+
+    def prepare(call: int) -> None:
+        for target, value in zip(targets, tensors.tensors_in(sets[call % len(sets)])):
+            target.copy_(value)
+
+    latest: list[Any] = [None]
+
+    def timed_call() -> None:
+        latest[0] = model(*args)
+
+    with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
+        before = counter.total
+        timing = time_gpu(timed_call, prepare=prepare, budget_s=spec.get("timing_budget_s", 10.0))
+        timing["launches_per_call"] = (counter.total - before) / max(1, timing["calls"])
+        # Checked on values neither the first nor the last timed call had (a result remembered from
+        # either is stale): the first values once more, then the next case's.
+        prepare(0)
+        timed_call()
+        check = 1 % len(sets)
+        prepare(check)
+        timed_call()
+        taken = outputs.take(f"output_timed_{rotation[check]}", latest[0])
+    latest[0] = None
+    outputs.write(taken)
+    return timing
 
 
 def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
@@ -238,10 +316,19 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
     pristine = tensors.clone(args)
     launches_before = counter.total
     recorder = OpRecorder()
-    with recorder if case == 0 else contextlib.nullcontext():
-        out = model(*args)
+    streams = _stream_and_device(spec["device"])
+    counter.recorder = recorder
+    try:
+        with recorder:
+            out = model(*args)
+    finally:
+        counter.recorder = None
+    check_returned(out, args)
+    if _stream_and_device(spec["device"]) != streams:
+        raise Rejection("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
         observations["compute_ops"] = recorder.compute_ops()
+    observations["work_per_case"].append(recorder.work())
     returned = tensors.clone(out)  # what the caller sees the moment forward returns
     _settle(spec["device"])
     observations["launches_per_case"].append(counter.total - launches_before)
@@ -254,6 +341,27 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
         raise Rejection("background_thread", "forward left a thread running after it returned")
     case_args.append(args)
     return out
+
+
+def check_returned(out: Any, args: Any) -> None:
+    """What forward returned, and its inputs, before the harness calls anything on them: plain
+    tensors in plain lists, tuples and dicts (a subclass would run its own code inside the harness's
+    calls), and no attribute set on any of those tensors (one named like a method shadows it)."""
+    for value in tensors.walk(out):
+        if not (type(value) in (torch.Tensor, torch.nn.Parameter, *tensors.PLAIN_CONTAINERS, int, float, bool, str, type(None))
+                or type(value).__module__ == "torch.return_types"):
+            raise Rejection("harness_tampering", f"forward returned a {type(value).__name__}: outputs are plain tensors "
+                            "in lists, tuples or dicts")
+    for t in tensors.tensors_in((out, args)):
+        if vars(t):
+            raise Rejection("harness_tampering", f"forward set attribute(s) {', '.join(sorted(vars(t)))[:100]} on a tensor "
+                            "the harness reads")
+
+
+def _stream_and_device(device: str) -> tuple[int, int] | None:
+    if device != "cuda":
+        return None
+    return torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
 
 
 def _settle(device: str) -> None:
@@ -307,6 +415,7 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     with _replay(counter, paths, "refresh", provenance_key=spec["fingerprint_key"]) as recorder:
         out = model(*case_args[last])
         _settle(spec["device"])
+    check_returned(out, case_args[last])
     if counter.total:
         observations["pytorch_output"] = recorder.pytorch_source(out)
     return out
@@ -328,6 +437,7 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
     except Exception as exc:  # noqa: BLE001 (the candidate's own error on poisoned values)
         observations["knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
         return SKIPPED
+    check_returned(out, args)
     return out
 
 
@@ -348,6 +458,8 @@ def _finish_observations(observations: dict[str, Any], counter: LaunchCounter, s
         **observations,
         "launches": dict(counter.launches),
         "failed_launches": dict(counter.failures),
-        "replaced_functions": snapshot.replaced(),
+        "forged_launches": counter.forged,
+        "native_policy": counter.refused_sources,
+        "replaced_functions": observations.get("replaced_functions") or snapshot.replaced(),
         "precision_changes": snapshot.precision_changes(),
     }

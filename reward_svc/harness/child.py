@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from reward_svc.harness.report import take_key, write_result
+
 
 def _warm_up(device: str) -> None:
     import torch
@@ -61,8 +63,9 @@ def main() -> None:
     (workdir / "ready").touch()
     print("ready", flush=True)
     spec = json.loads(sys.stdin.readline())
+    key = take_key(spec)  # before anything untrusted runs: the result it signs is the harness's
     if spec["role"] == "prime":  # warm-up only: its Triton cache becomes the pool's base layer
-        (workdir / "result.json").write_text(json.dumps({"status": "ok"}))
+        write_result(workdir, key, {"status": "ok"})
         os._exit(0)
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference
@@ -72,7 +75,7 @@ def main() -> None:
         from reward_svc.harness.candidate import run_candidate
 
         result = run_candidate(spec, workdir)  # its trials' outputs are written by now, each with its fingerprint
-    (workdir / "result.json").write_text(json.dumps(result))
+    write_result(workdir, key, result)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no finalizers: nothing the candidate left behind runs after its result is written

@@ -3,15 +3,23 @@
 - ``LaunchCounter`` sees every Triton launch and every call into a ``load_inline`` extension.
   In *knockout* mode it poisons whatever each launch wrote: if the model's output is still right
   with the custom kernels' results destroyed, those kernels did not compute it (a decoy).
-- ``OpRecorder`` lists the aten operators the forward ran, to compare with the reference's.
+- ``OpRecorder`` lists the aten operators the forward ran, and the work they did by family, to
+  compare with the reference's.
 - ``IntegritySnapshot`` remembers the functions the harness relies on (timers, sync, torch
-  entry points) and reports any that were replaced.
+  entry points, the harness's own code and hooks) and reports any that were replaced.
+
+All of it lives in the candidate's interpreter: it holds because the capability policy
+(``reward_svc/policy.py``) keeps the candidate's Python from reaching these objects, and the
+judge re-derives from output files what it can (docs/ARCHITECTURE.md, "Trust boundary").
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
+import sys
 import threading
 import time
 import types
@@ -33,6 +41,47 @@ _NON_COMPUTE_PREFIXES = (
     "is_", "arange", "_reshape_alias", "new_zeros", "new_ones", "new_full", "lift_fresh", "dim", "numel",
     "record_stream", "_has_compatible_shallow_copy_type", "_unsafe_index", "stack", "cat",
 )
+ATEN_NAMESPACES = frozenset({"aten", "prims"})
+# Compute ops by the kind of work they do. PyTorch rewrites one op as others (relu as clamp_min, a
+# softmax as exp/sum/div, einsum as bmm, a matmul as a broadcast multiply and a sum), but rarely
+# across these kinds, so the accounting compares work per family, not per name.
+CONTRACTION_OPS = frozenset({
+    "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "mv", "addmv", "dot", "vdot", "addr", "outer", "ger", "linear",
+    "einsum", "tensordot", "bilinear", "_trilinear", "kron", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cudnn_convolution", "cudnn_convolution_transpose",
+    "mkldnn_convolution", "_convolution_mode", "conv_tbc", "slow_conv3d_forward", "_slow_conv2d_forward",
+    "slow_conv_transpose2d", "slow_conv_transpose3d", "_scaled_mm", "_int_mm", "cdist", "_cdist_forward",
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_efficient_attention_forward",
+    "_flash_attention_forward", "_scaled_dot_product_attention_math",
+})
+REDUCTION_OPS = frozenset({
+    "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "var", "std", "var_mean",
+    "std_mean", "norm", "linalg_vector_norm", "linalg_matrix_norm", "frobenius_norm", "nuclear_norm", "logsumexp",
+    "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "cumsum", "cumprod", "cummax", "cummin",
+    "logcumsumexp", "all", "any", "count_nonzero", "nansum", "nanmean", "native_layer_norm", "native_group_norm",
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "batch_norm",
+    "_batch_norm_impl_index", "cudnn_batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
+    "_fused_rms_norm", "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d", "fractional_max_pool2d", "fractional_max_pool3d", "sort", "topk", "kthvalue", "median",
+    "nanmedian", "mode", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss_forward", "nll_loss2d_forward",
+    "nll_loss", "nll_loss_nd", "cross_entropy_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "soft_margin_loss", "multilabel_margin_loss_forward", "multi_margin_loss", "embedding_bag", "_embedding_bag", "dist",
+    "renorm", "histc", "bincount", "_weight_norm_interface", "cosine_similarity", "_pdist_forward", "trace",
+})
+DATA_OPS = frozenset({
+    "gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index", "index_put", "index_add", "index_copy",
+    "take", "take_along_dim", "masked_select", "masked_scatter", "embedding", "nonzero", "flip", "roll", "repeat", "tile",
+    "repeat_interleave", "im2col", "col2im", "unfold", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d",
+    "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "upsample_nearest1d",
+    "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d", "upsample_linear1d", "upsample_trilinear3d",
+    "upsample_bicubic2d", "grid_sampler_2d", "grid_sampler_3d", "searchsorted", "bucketize", "unique", "_unique2",
+    "unique_dim", "diag", "tril", "triu", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+})
+ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(a, b): pointwise, not reductions
+HOST_SCALARS_MAX = 1024  # values a forward may read into Python (.item(), float(t)) per call: shapes and constants, not the answer
 
 
 def is_compute_op(name: str) -> bool:
@@ -40,11 +89,45 @@ def is_compute_op(name: str) -> bool:
                    for p in _NON_COMPUTE_PREFIXES)
 
 
+def op_family(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> tuple[str, int]:
+    """(family, work) of one aten compute op. Contractions, reductions and data ops: the elements they
+    read. A pointwise op: its result's elements times the operations that make each (one per tensor
+    operand past the first, at least one), so ``addcmul`` weighs what ``mul`` and ``add`` do. A
+    pointwise op that broadcasts its inputs into a larger result (an outer product spelled
+    ``a[:, :, None] * b``) is a contraction of that result's size."""
+    read = sum(t.numel() for t in inputs)
+    if name in CONTRACTION_OPS:
+        return "contraction", read
+    if name in REDUCTION_OPS and overload not in ELEMENTWISE_OVERLOADS:
+        return "reduction", read
+    if name in DATA_OPS:
+        return "data", read
+    produced = max((t.numel() for t in outputs), default=0)
+    if inputs and produced > max(t.numel() for t in inputs):
+        return "contraction", produced
+    operands = sum(1 for t in inputs if t.numel() > 1)
+    return "pointwise", produced * max(1, operands - 1)
+
+
+def _custom_op_body(func: Any) -> Callable[..., Any] | None:
+    """The Python function behind a ``torch.library.custom_op``/``triton_op`` (our process defined it:
+    the candidate did), so its body can run where the recorder sees its ops and launches."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    opdef = OPDEFS.get(func._schema.name)
+    return getattr(opdef, "_init_fn", None)
+
+
 class OpRecorder(TorchDispatchMode):
     """Each aten op the forward ran, with how many calls and how many input elements it processed
     (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch),
-    and ``path``: the compute ops and custom launches (``LaunchCounter`` adds those) in the order
-    they ran, the harness's own work inside a launch excluded (``harness_work``).
+    that work by family (``family_work``), the values it read into Python (``host_scalars``), and
+    ``path``: the compute ops and custom launches (``LaunchCounter`` adds those) in the order they
+    ran, the harness's own work inside a launch excluded (``harness_work``). Ops of another
+    namespace (the candidate's own ``custom_op``/``triton_op``) are containers, not PyTorch's work:
+    their bodies run under the recorder, so what PyTorch and the kernels do inside them counts as usual.
 
     With ``provenance_key`` it also follows what custom kernels wrote: storages a launch changed
     (``LaunchCounter`` marks them) and everything computed from them are ``written``; every other
@@ -55,6 +138,8 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self.calls: Counter[str] = Counter()
         self.elements: Counter[str] = Counter()
+        self.family_work: Counter[str] = Counter()
+        self.host_scalars = 0
         self.path: list[str] = []
         self._harness_depth = 0
         self.provenance_key = provenance_key
@@ -62,14 +147,27 @@ class OpRecorder(TorchDispatchMode):
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func.namespace not in ATEN_NAMESPACES and not self._harness_depth:
+            body = _custom_op_body(func)
+            self.calls[f"{func.namespace}::{func.overloadpacket.__name__}"] += 1
+            if body is not None:
+                with self:  # its body's ops and launches are the forward's own
+                    return body(*args, **kwargs)
+            return func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        result = func(*args, **(kwargs or {}))
+        result = func(*args, **kwargs)
         if not self._harness_depth:
-            inputs = tensors.tensors_in((args, kwargs or {}))
+            inputs = tensors.tensors_in((args, kwargs))
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
+            if name == "_local_scalar_dense":
+                self.host_scalars += 1
             if is_compute_op(name):
                 self.path.append(name)
+                outputs = tensors.tensors_in(result)
+                family, work = op_family(name, func._overloadname, inputs, outputs)
+                self.family_work[family] += work
             if self.provenance_key is not None:
                 with self.harness_work():
                     self._follow(name, inputs, tensors.tensors_in(result))
@@ -118,7 +216,12 @@ class OpRecorder(TorchDispatchMode):
             self._harness_depth -= 1
 
     def compute_ops(self) -> dict[str, dict[str, int]]:
-        return {name: {"calls": n, "elements": self.elements[name]} for name, n in sorted(self.calls.items()) if is_compute_op(name)}
+        return {name: {"calls": n, "elements": self.elements[name]} for name, n in sorted(self.calls.items())
+                if is_compute_op(name) and "::" not in name}
+
+    def work(self) -> dict[str, Any]:
+        """What one call did, for the judge: compute work per family and values read into Python."""
+        return {"families": dict(self.family_work), "host_scalars": self.host_scalars}
 
 
 class LaunchCounter:
@@ -128,15 +231,27 @@ class LaunchCounter:
         self.knockout = False
         self.poisoned = 0
         self.recorder: OpRecorder | None = None  # while set, launches join its path
+        self.forged: list[str] = []  # launches refused for an argument posing as a tensor
+        self.refused_sources: list[str] = []  # load_inline calls harness/native_policy.py refused
 
     @property
     def total(self) -> int:
         return sum(self.launches.values())
 
     def around(self, label: str, call: Callable[[], Any], args: Any, kwargs: Any) -> Any:
-        """Count one launch; in knockout mode, poison every tensor it wrote and returned."""
+        """Count one launch; in knockout mode, poison every tensor it wrote and returned. A Triton
+        launch runs as harness work for the recorder: the ops inside it are Triton's own (the
+        interpreter copies each argument with aten ops), never the forward's; a ``load_inline``
+        function's ATen calls are the candidate's and stay recorded."""
         self.launches[label] += 1
         recorder = self.recorder
+        if recorder is not None and label.startswith("triton:"):
+            inner = call
+
+            def call() -> Any:
+                with recorder.harness_work():
+                    return inner()
+
         if recorder is not None:
             recorder.path.append(f"launch:{label}")
             if recorder.provenance_key is not None:
@@ -211,15 +326,22 @@ class LaunchCounter:
         except ImportError:
             pass
         for cls in classes:
-            original = cls.run
+            cls.run = self._counted_run(cls.run)
 
-            def run(fn_self, *args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
-                if kwargs.get("warmup"):
-                    return _original(fn_self, *args, **kwargs)
-                label = f"triton:{getattr(getattr(fn_self, 'fn', None), '__name__', 'kernel')}"
-                return self.around(label, lambda: _original(fn_self, *args, **kwargs), args, kwargs)
+    def _counted_run(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``JITFunction.run`` counted (the original in a closure, not a parameter a caller could pass)."""
 
-            cls.run = run
+        def run(fn_self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if kwargs.get("warmup"):
+                return original(fn_self, *args, **kwargs)
+            label = f"triton:{getattr(getattr(fn_self, 'fn', None), '__name__', 'kernel')}"
+            forged = forged_pointers(args, kwargs)
+            if forged:
+                self.forged.append(f"{label}: {forged}")
+                raise TypeError(f"{label} launched with {forged}: a Triton launch takes tensors")
+            return self.around(label, lambda: original(fn_self, *args, **kwargs), args, kwargs)
+
+        return run
 
     def wrap_extension(self, module: types.ModuleType, name: str) -> types.ModuleType:
         """A stand-in for a load_inline module whose every function call is counted."""
@@ -250,6 +372,18 @@ def launch_tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     return found
 
 
+def forged_pointers(args: Any, kwargs: Any) -> str | None:
+    """An argument that offers ``data_ptr()`` (Triton reads any such object as a pointer) but is
+    neither a tensor nor one of Triton's own wrappers around a tensor: a pointer to anywhere."""
+    for value in [*(args if isinstance(args, (list, tuple)) else ()), *(kwargs or {}).values()]:
+        if isinstance(value, torch.Tensor) or not hasattr(type(value), "data_ptr"):
+            continue
+        base = getattr(value, "base", None)
+        if not (type(value).__module__.startswith("triton.") and isinstance(base, torch.Tensor)):
+            return f"a {type(value).__name__} posing as a tensor"
+    return None
+
+
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -265,6 +399,8 @@ def _storage(t: torch.Tensor) -> int:
 def _watched_functions() -> dict[str, Any]:
     import builtins
 
+    import torch.utils.cpp_extension as cpp_extension
+
     watched = {
         "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
         "time.time": time.time, "time.monotonic": time.monotonic,
@@ -275,18 +411,54 @@ def _watched_functions() -> dict[str, Any]:
         "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.__eq__": torch.Tensor.__eq__,
         "torch.nn.Module.__call__": torch.nn.Module.__call__,
         "torch.utils._python_dispatch.TorchDispatchMode.__enter__": TorchDispatchMode.__enter__,
-        "builtins.open": builtins.open, "builtins.print": builtins.print,
+        "builtins.open": builtins.open, "builtins.print": builtins.print, "builtins.isinstance": builtins.isinstance,
+        "builtins.len": builtins.len, "builtins.sum": builtins.sum,
         "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
         "torch.cuda.Event.record": torch.cuda.Event.record,
         "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
         "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize,
         "torch.cuda.current_stream": torch.cuda.current_stream,
+        "torch.utils.cpp_extension.load_inline": cpp_extension.load_inline,
+        "json.dumps": json.dumps, "json.loads": json.loads, "json.JSONEncoder.encode": json.JSONEncoder.encode,
+        "os.replace": os.replace, "os.write": os.write, "os._exit": os._exit,
     }
+    try:
+        from triton.runtime.jit import JITFunction
+
+        watched["triton.JITFunction.run"] = JITFunction.run
+        from triton.runtime.interpreter import InterpretedFunction
+
+        watched["triton.InterpretedFunction.run"] = InterpretedFunction.run
+    except ImportError:
+        pass
+    watched.update(_harness_code())
     return watched
 
 
+def _harness_code() -> dict[str, Any]:
+    """The harness's own modules, their functions and classes, and those classes' methods: what the
+    candidate's process runs to collect and report the evidence."""
+    found: dict[str, Any] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("reward_svc.") or not isinstance(module, types.ModuleType):
+            continue
+        found[f"sys.modules[{name}]"] = module
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == name:
+                found[f"{name}.{attr}"] = value
+                if isinstance(value, types.FunctionType):
+                    found[f"{name}.{attr}.__code__"] = value.__code__
+                else:
+                    for method, function in list(vars(value).items()):
+                        if isinstance(function, types.FunctionType):
+                            found[f"{name}.{attr}.{method}"] = function
+                            found[f"{name}.{attr}.{method}.__code__"] = function.__code__
+    return found
+
+
 class IntegritySnapshot:
-    """Identity of every function the harness trusts, taken before the candidate is imported."""
+    """Identity of every function the harness trusts (its own code, the hooks it installed, the torch
+    and timer functions it calls), taken once the hooks are in and before the candidate is imported."""
 
     def __init__(self) -> None:
         self.expected = _watched_functions()
@@ -299,6 +471,66 @@ class IntegritySnapshot:
     def precision_changes(self) -> list[str]:
         now = precision_flags()
         return [f"{k}: {self.flags[k]} -> {now[k]}" for k in self.flags if now[k] != self.flags[k]]
+
+
+# Events no kernel's Python raises once its module is imported: reaching frames or the heap, other
+# processes, the network, foreign libraries, or files outside the child's own directories. Each one
+# refused is written to the audit log at once (the worker reads it: collected outside the objects the
+# candidate's code can reach), and raised where it happened.
+AUDIT_REFUSED_PREFIXES = ("socket.", "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlproc", "winreg.", "msvcrt.")
+AUDIT_REFUSED = frozenset({
+    "sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions", "gc.get_objects",
+    "gc.get_referrers", "gc.get_referents", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "os.kill", "os.killpg", "pty.spawn", "sys.addaudithook", "cpython.PyInterpreterState_Clear", "os.chmod", "os.chown",
+})
+FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
+                         "shutil.rmtree", "shutil.move", "shutil.copyfile", "os.utime"})
+TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "ptxas", "cudafe++", "cicc",
+                       "fatbinary", "nvlink", "ldconfig", "ldconfig.real", "which", "uname", "as", "ar", "clang", "clang++",
+                       "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "cuobjdump"})
+
+
+def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]:
+    """An audit hook (it cannot be removed) that refuses ``AUDIT_REFUSED`` events, processes other than
+    the toolchain's, and writes (or removals) outside ``writable``; returns the switch that arms it,
+    pulled once the harness is set up, just before the candidate is imported."""
+    import os
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    roots = tuple(os.path.realpath(p) + os.sep for p in writable)
+    log_real = os.path.realpath(log_path)
+    armed = [False]
+
+    def refuse(event: str, detail: str) -> None:
+        os.write(fd, f"{event}: {detail}"[:500].replace("\n", " ").encode(errors="replace") + b"\n")
+        raise PermissionError(f"kz-audit: {event} is not a kernel's to do")
+
+    def writes(event: str, args: tuple[Any, ...]) -> bool:
+        if event != "open":
+            return True
+        mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+        return bool((isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & 0o3))
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if not armed[0]:
+            return
+        if event in AUDIT_REFUSED or event.startswith(AUDIT_REFUSED_PREFIXES):
+            refuse(event, repr(args)[:200])
+        elif event == "subprocess.Popen":
+            executable = os.path.basename(str(args[0] if args[0] else (args[1] or [""])[0]))
+            if executable not in TOOLCHAIN:
+                refuse(event, executable)
+        elif event in FILE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)) and writes(event, args):
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if path == log_real or not (path + os.sep).startswith(roots):
+                refuse(event, path)
+
+    sys.addaudithook(hook)
+
+    def arm() -> None:
+        armed[0] = True
+
+    return arm
 
 
 def precision_flags() -> dict[str, Any]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import os
 import sys
 import threading
 import time
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 
 def import_file(path: Path, module_name: str) -> types.ModuleType:
@@ -27,29 +28,64 @@ def import_file(path: Path, module_name: str) -> types.ModuleType:
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
 
 
-def _take(handle: IO[str], gate_path: str, mode: int) -> None:
+@dataclass(frozen=True)
+class DeviceLock:
+    """The device lock as a sandboxed child holds it: two descriptors its pool opened on the lock file
+    and its gate (read-only; ``flock`` needs no more) and passed to it at start, so no child can write
+    to, replace or leave anything in the locks directory, which it does not see at all."""
+
+    lock_fd: int
+    gate_fd: int
+
+    @staticmethod
+    def open(path: str) -> DeviceLock:
+        return DeviceLock(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + ".gate", os.O_RDONLY | os.O_CREAT, 0o644))
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.gate_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def to_json(self) -> dict[str, int]:
+        return {"lock_fd": self.lock_fd, "gate_fd": self.gate_fd}
+
+
+def _take(lock_fd: int, gate: int | str, mode: int) -> None:
     """Through the turnstile: Linux ``flock`` grants new shared holds while an exclusive request
     waits, so under steady correctness work a timing could wait indefinitely. Every request first
     takes the gate (a mutex held only while queueing for the device lock); a timing keeps it until
     the current holders have drained, so new ones queue behind it."""
-    with open(gate_path, "a") as gate:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(handle, mode)
+    if isinstance(gate, str):
+        with open(gate, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(lock_fd, mode)
+        return
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(lock_fd, mode)
+    finally:
+        fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
-def gpu_lock(path: str | None, *, exclusive: bool = False) -> Iterator[None]:
+def gpu_lock(lock: str | dict[str, int] | None, *, exclusive: bool = False) -> Iterator[None]:
     """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
     (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
     timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
-    (making inputs, writing files) runs outside it. Requests are served in turn (``_take``)."""
-    if not path:
+    (making inputs, writing files) runs outside it. Requests are served in turn (``_take``).
+    ``lock`` is the lock file's path (the worker) or a child's ``DeviceLock.to_json()``."""
+    if not lock:
         yield
         return
-    with open(path, "a") as handle:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        _take(handle, path + ".gate", mode)
-        outer, _holds.current = getattr(_holds, "current", None), (handle, path, mode)
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    with contextlib.ExitStack() as stack:
+        if isinstance(lock, dict):
+            lock_fd, gate = lock["lock_fd"], lock["gate_fd"]
+        else:
+            lock_fd, gate = stack.enter_context(open(lock, "a")).fileno(), lock + ".gate"
+        _take(lock_fd, gate, mode)
+        stack.callback(fcntl.flock, lock_fd, fcntl.LOCK_UN)
+        outer, _holds.current = getattr(_holds, "current", None), (lock_fd, gate, mode)
         try:
             yield
         finally:
@@ -69,12 +105,12 @@ def device_released() -> Iterator[None]:
 
     if torch.cuda.is_available():  # none of this process's work is left running beside someone's timing
         torch.cuda.synchronize()
-    handle, path, mode = hold
-    fcntl.flock(handle, fcntl.LOCK_UN)
+    lock_fd, gate, mode = hold
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
     try:
         yield
     finally:
-        _take(handle, path + ".gate", mode)
+        _take(lock_fd, gate, mode)
 
 
 class Phases:

@@ -2,14 +2,17 @@
 
 Inputs come from a per-request secret seed that only this process sees; weights come from
 per-trial weight seeds that the candidate's process reuses, so ``Model`` and ``ModelNew`` hold the
-same parameters. Inputs go to the exchange directory (the candidate gets a copy); the expected
+same parameters. Case 0 keeps ``get_inputs()``'s own distribution; the later cases redraw its
+floating inputs from hidden ones (``HIDDEN_DISTRIBUTIONS``: signed, then wider with outliers) where
+the reference stays finite on them, so a kernel fitted to ``torch.rand``'s [0, 1) (a ReLU skipped,
+an exp replaced by a short polynomial) fails. Inputs go to the exchange directory (the candidate gets a copy); the expected
 outputs stay in this child's work directory, read only by the judge. Only GPU work (drawing the
 inputs there, running the model) holds the device lock; writing files does not.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import os
 import shutil
@@ -57,6 +60,8 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     n_cases = spec["trials"]  # the candidate's refresh and knockout trials reuse case 0
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
+    work_per_case: list[dict[str, Any]] = []
+    distributions: list[str] = []
     outputs_meta = []
     output_bytes = files_bytes = 0
     noise: list[list[float] | None] = []  # per case: the judge holds each trial to its own case's noise
@@ -70,9 +75,11 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             with phases.on_device(lock, "trials"):
                 if weight_seed not in models:
                     models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
-                args = tensors.to_device(inputs, device)
-                with recorder if case == 0 else contextlib.nullcontext():
-                    output = models[weight_seed](*args)
+                inputs, args, output, case_recorder, distribution = _run_case(models[weight_seed], inputs, case, device)
+                if case == 0:
+                    recorder = case_recorder
+                work_per_case.append(case_recorder.work())
+                distributions.append(distribution)
                 noise.append(rounding_noise(models[weight_seed], args, output, spec))
                 expected = tensors.to_cpu(output)
                 del args, output
@@ -81,12 +88,16 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                 if case < min(2, n_cases):
                     return _no_room(exchange, case_files, spec)
                 noise.pop()
+                work_per_case.pop()
+                distributions.pop()
                 n_cases = case  # the cases so far are enough
                 break
             tensors.save(exchange / f"init_{case}.pt", init_inputs)
             tensors.save(exchange / f"inputs_{case}.pt", inputs)
             tensors.save(workdir / f"expected_{case}.pt", expected)
             outputs_meta.append(_describe(expected))
+            if case == 0:
+                input_bytes = tensors.nbytes(inputs)
             output_bytes = max(output_bytes, tensors.nbytes(expected))
             case_bytes = tensors.nbytes((inputs, expected))
             files_bytes += case_bytes + tensors.nbytes(init_inputs)
@@ -102,12 +113,71 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
+        "work_per_case": work_per_case,
+        "distributions": distributions,
+        "input_bytes": input_bytes,
         "outputs": outputs_meta,
         "phases": phases.seconds,
     }
     if spec.get("time") and device == "cuda":
-        result.update(_time_reference(models[spec["weight_seeds"][0]], exchange / "inputs_0.pt", spec, phases))
+        result.update(_time_reference(models[spec["weight_seeds"][0]], exchange, n_cases, spec, phases))
     return result
+
+
+# Per case after the first: how its floating inputs are redrawn, each scaled to the root mean square
+# of what get_inputs() drew (its scale, whatever its distribution): signed normal values, then four
+# times wider with a thousandth of them ten times larger again.
+HIDDEN_DISTRIBUTIONS = ("signed", "wide_with_outliers")
+OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
+
+
+def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str) -> tuple[list[Any], Any, Any, OpRecorder, str]:
+    """The case's inputs, their device copy, the output and the op record: on the case's hidden
+    distribution where the reference gives a finite output on it, else on get_inputs()'s own."""
+    if case:
+        distribution = HIDDEN_DISTRIBUTIONS[(case - 1) % len(HIDDEN_DISTRIBUTIONS)]
+        hidden = tensors.map_tensors(inputs, functools.partial(_redraw, distribution=distribution))
+        try:
+            args = tensors.to_device(hidden, device)
+            recorder = OpRecorder()
+            with recorder:
+                output = model(*args)
+            if all(bool(torch.isfinite(t).all()) for t in tensors.tensors_in(output) if t.is_floating_point() or t.is_complex()):
+                return hidden, args, output, recorder, distribution
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # noqa: BLE001 (inputs the module cannot take: a Cholesky of what is no longer positive-definite)
+            pass
+        del hidden
+    args = tensors.to_device(inputs, device)
+    recorder = OpRecorder()
+    with recorder:
+        output = model(*args)
+    return inputs, args, output, recorder, "native"
+
+
+def _redraw(t: torch.Tensor, *, distribution: str) -> torch.Tensor:
+    if not t.is_floating_point() or t.numel() == 0:
+        return t
+    scale = float(t.detach().float().pow(2).mean().sqrt()) or 1.0
+    if distribution == "signed":
+        return (torch.randn_like(t, dtype=torch.float32) * scale).to(t.dtype)
+    wide = torch.randn_like(t, dtype=torch.float32) * (WIDE_SCALE * scale)
+    outliers = torch.rand_like(wide) < OUTLIER_SHARE
+    return torch.where(outliers, wide * OUTLIER_SCALE, wide).to(t.dtype)
+
+
+ROTATION_MAX = 3  # value sets the timed calls cycle through
+ROTATION_BYTES = 1 << 30  # inputs larger than this cycle through two sets only (each set is a device copy)
+
+
+def timing_rotation(exchange: Path, cases: int) -> list[int]:
+    """The cases whose inputs the timed calls take in turn, the same for the reference and the
+    candidate: those shaped like case 0's (at most ``ROTATION_MAX``, two for large inputs)."""
+    shapes = [[tuple(t.shape) for t in tensors.tensors_in(tensors.load(exchange / f"inputs_{case}.pt"))] for case in range(cases)]
+    rotation = [case for case in range(cases) if shapes[case] == shapes[0]]
+    nbytes = os.path.getsize(exchange / "inputs_0.pt")
+    return rotation[:2 if nbytes > ROTATION_BYTES else ROTATION_MAX]
 
 
 NOISE_NUDGES = 4  # one nudge's noise is a random draw: a few, and their largest, keep a correct kernel clear of its tail
@@ -179,7 +249,8 @@ def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: str 
     return list(module.get_inputs())
 
 
-def _time_reference(model: torch.nn.Module, inputs_path: Path, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
+def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    """Timed on the same rotation of input values as the candidate's timed calls (timing_rotation)."""
     from reward_svc.harness.timing import time_gpu
 
     lock, budget_s = spec.get("gpu_lock"), spec.get("timing_budget_s", 10.0)
@@ -188,14 +259,21 @@ def _time_reference(model: torch.nn.Module, inputs_path: Path, spec: dict[str, A
         compiled = None
         # The copy to the device and compiling (seconds) hold the lock shared; only timing holds it exclusive.
         with phases.on_device(lock, "timing_setup"):
-            inputs = tensors.load(inputs_path, "cuda")
+            sets = [tensors.load(exchange / f"inputs_{case}.pt", "cuda") for case in timing_rotation(exchange, cases)]
+            inputs = tensors.clone(sets[0])
             if spec.get("time_compiled"):
                 compiled = torch.compile(model)
                 compiled(*inputs)
+        targets = tensors.tensors_in(inputs)
+
+        def prepare(call: int) -> None:
+            for target, value in zip(targets, tensors.tensors_in(sets[call % len(sets)])):
+                target.copy_(value)
+
         with phases.on_device(lock, "timing", exclusive=True):
-            timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s)
+            timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s, prepare=prepare)
             if compiled is not None:
-                timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s)
+                timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s, prepare=prepare)
     return timings
 
 

@@ -7,6 +7,11 @@ method). Every batch ends with a device-wide synchronize and is also timed as a 
 candidate leaves on a side stream is still paid for: if the batch took longer than its samples
 account for, the per-call figure is taken from the batch instead. Batches repeat until the
 relative standard error of the samples is below the target, or the budget runs out.
+
+``prepare(call)``, where given, runs before every call's flush, outside the timed events (its cost
+is measured with the flush's and left out of the batch's excess): the harness writes the next
+input values into the timed tensors there, so a result cached on the tensors' identity is stale
+(see harness/candidate.py). ``calls`` counts every call of ``fn``, the warm-up ones too.
 """
 
 from __future__ import annotations
@@ -31,12 +36,23 @@ def time_gpu(
     max_samples: int = 1000,
     target_rse: float = 0.005,
     budget_s: float = 10.0,
+    prepare: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    calls = 0
+
+    def setup() -> None:
+        if prepare is not None:
+            prepare(calls)
+        flush.zero_()
+
     for _ in range(warmup):
+        setup()
         fn()
+        calls += 1
     torch.cuda.synchronize()
     flush_ms = _flush_cost_ms(flush)
+    setup_ms = _setup_cost_ms(setup) if prepare is not None else flush_ms
 
     samples: list[float] = []
     batch_excess_ms: list[float] = []
@@ -48,17 +64,18 @@ def time_gpu(
         batch_end = torch.cuda.Event(enable_timing=True)
         batch_start.record()
         for start, end in zip(starts, ends):
-            flush.zero_()
+            setup()
             start.record()
             fn()
             end.record()
+            calls += 1
         torch.cuda.synchronize()  # device-wide: side streams must finish inside the batch
         batch_end.record()
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         samples.extend(times)
         # What the batch cost beyond its flushes and timed calls: work outside the events.
-        batch_excess_ms.append(batch_start.elapsed_time(batch_end) - batch * flush_ms - sum(times))
+        batch_excess_ms.append(batch_start.elapsed_time(batch_end) - batch * setup_ms - sum(times))
         rse = _relative_standard_error(samples)
         elapsed = time.perf_counter() - started
         # Every batch adds samples, so the budget alone may end the run (with at least one batch).
@@ -78,7 +95,10 @@ def time_gpu(
         "rse": _relative_standard_error(samples),
         "untimed_ms_per_call": untimed_per_call,
         "side_stream_work": escaped,
-        "method": "events+l2flush, batch-synchronized",
+        "method": "events+l2flush, batch-synchronized" + (", inputs rewritten per call" if prepare is not None else ""),
+        "calls": calls,
+        "flush_ms": flush_ms,
+        "flush_bytes": L2_FLUSH_BYTES,
     }
 
 
@@ -87,6 +107,17 @@ def _flush_cost_ms(flush: torch.Tensor, repeats: int = 10) -> float:
     start.record()
     for _ in range(repeats):
         flush.zero_()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def _setup_cost_ms(setup: Callable[[], None], repeats: int = 10) -> float:
+    """What one call's set-up (the input rewrite and the flush) costs on the device."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        setup()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats

@@ -36,7 +36,9 @@ _PATH = "/usr/local/bin:/usr/bin:/bin"
 class SandboxProcess:
     """A sandboxed child, started now and given its input later by ``run``."""
 
-    def __init__(self, argv: Sequence[str], policy: SandboxPolicy, cwd: Path | None = None) -> None:
+    def __init__(self, argv: Sequence[str], policy: SandboxPolicy, cwd: Path | None = None, pass_fds: Sequence[int] = ()) -> None:
+        """``pass_fds``: descriptors the child inherits at the same numbers (a lock it may take, but
+        whose file it cannot see); every other descriptor of this process is closed in the child."""
         if not argv:
             raise ValueError("argv is empty")
         missing = [str(p) for p in (*policy.writable_dirs, *policy.readonly_dirs) if not p.exists()]
@@ -67,6 +69,7 @@ class SandboxProcess:
                 env=env,
                 cwd=popen_cwd,
                 close_fds=True,
+                pass_fds=tuple(pass_fds),
                 start_new_session=True,  # own process group, and no controlling terminal
                 preexec_fn=preexec(rlimits(policy)),
             )

@@ -1,0 +1,187 @@
+"""What a candidate's ``load_inline`` C++/CUDA may contain, checked in the harness before it compiles.
+
+Native code runs with the whole process's power: it could rewrite the harness's evidence in
+memory, write the result file, or call back into Python. The Python policy cannot read it, so
+this check does, on the sources exactly as the compiler gets them (built at run time, so they are
+checked here rather than in the static policy), and on the flags:
+
+- ``#include`` only of the headers a kernel is written against (torch, ATen, c10, CUDA, CUTLASS,
+  CUB, the C++ standard library's computing headers), no token pasting (``fo##pen``), no
+  ``#pragma`` but ``unroll``/``once``, no ``#line``;
+- no identifier that reaches the operating system, the dynamic loader, the Python interpreter or
+  the dispatcher (``fopen``, ``system``, ``dlsym``, ``Py*``, ``py::module_``, ``TORCH_LIBRARY``,
+  ``c10::Dispatcher``, ...);
+- ``asm`` only inside ``__device__``/``__global__`` functions (PTX for the GPU, which cannot make a
+  system call); none in host code or at file scope (an ``asm`` label renames a declaration);
+- compiler and linker flags from an allow-list (``-Wl,``, ``-wrapper``, ``-fplugin`` and kin run or
+  load other programs).
+
+It is a token check, not a proof: it raises the cost of native tampering, while the decisive
+evidence (the outputs, their fingerprints, the knockout's share) is re-derived by the judge
+outside the child. docs/ARCHITECTURE.md, "Trust boundary", says what it cannot see.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+ALLOWED_INCLUDE = re.compile(
+    r"(torch/(extension|types|all|python|library)\.h|torch/csrc/api/include/.*|ATen/.*|c10/.*|cuda(_runtime|_runtime_api|_fp16|_bf16|_fp8"
+    r"|_fp4|_pipeline|_awbarrier_primitives|_pipeline_primitives)?\.h|cuda/.*|cub/.*|cute/.*|cutlass/.*|thrust/.*|mma\.h"
+    r"|cooperative_groups(\.h|/.*)|crt/.*|vector_types\.h|math_constants\.h|device_launch_parameters\.h|curand(_kernel)?\.h"
+    r"|sm_\d+_intrinsics\.h|c?math(\.h)?|cstdint|stdint\.h|cstddef|stddef\.h|climits|limits\.h|cfloat|float\.h|limits|vector|array"
+    r"|algorithm|numeric|utility|tuple|type_traits|initializer_list|optional|functional|memory|cassert|assert\.h|cstring|string"
+    r"|sstream|iostream|stdexcept|bit|complex|random|chrono|map|unordered_map|set|unordered_set|iterator|cstdlib)"
+)
+# Names with no other meaning in a kernel: refused wherever they appear.
+DENIED_IDENTIFIERS = frozenset({
+    "fopen", "fopen64", "freopen", "fdopen", "open64", "openat", "creat", "unlinkat", "ftruncate", "symlink", "pwrite",
+    "pread", "popen", "execv", "execve", "execvp", "execvpe", "execl", "execlp", "execle", "vfork", "posix_spawn",
+    "posix_spawnp", "dlopen", "dlsym", "dlmopen", "dladdr", "dlvsym", "mmap", "mmap64", "munmap", "mprotect", "ptrace",
+    "syscall", "sigaction", "getenv", "setenv", "putenv", "unsetenv", "sendto", "recvfrom", "ofstream", "ifstream", "fstream",
+    "filebuf", "FILE", "filesystem", "pthread_create", "jthread", "atexit", "at_quick_exit", "_exit", "_Exit", "quick_exit",
+    "setjmp", "longjmp", "pybind11", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL", "TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_INIT",
+    "Dispatcher", "globalContext", "setCurrentCUDAStream", "cudaSetDevice", "cudaDeviceReset", "cudaIpcOpenMemHandle",
+    "cudaHostRegister", "cudaMallocManaged", "cuLaunchKernel", "cuModuleLoad", "cuModuleLoadData", "cudaLaunchHostFunc",
+    "cudaStreamAddCallback", "__attribute__", "environ", "__environ", "sbrk", "dup2", "ioctl", "process_vm_writev",
+    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64",
+})
+# Common words that are also system calls: refused as a call or a function value (``open(``,
+# ``::open``, ``&open``), fine as a member (``pipe.producer_acquire()``, ``.read(``) or a variable.
+CALL_DENIED = frozenset({
+    "open", "remove", "rename", "unlink", "mkdir", "rmdir", "chmod", "chown", "truncate", "link", "write", "read", "system",
+    "fork", "clone", "kill", "raise", "signal", "socket", "connect", "bind", "listen", "accept", "send", "recv", "thread",
+    "async", "exit", "abort", "dup", "pipe", "brk", "close", "fwrite", "fread", "fprintf", "fputs", "puts", "getchar",
+})
+# pybind11's `py::` namespace is needed only to name arguments in a PYBIND11_MODULE of the source's own.
+ALLOWED_PY_MEMBERS = frozenset({"arg", "return_value_policy", "call_guard", "gil_scoped_release", "kw_only", "pos_only"})
+DENIED_PREFIXES = ("Py", "_Py")  # the CPython API: a way back into the harness's interpreter
+ALLOWED_MACROS_WITH_PREFIX = frozenset({"PYBIND11_MODULE"})
+ALLOWED_PRAGMA = re.compile(r"#\s*pragma\s+(unroll\b.*|once|nv_diag_suppress.*|nv_diagnostic.*)$")
+ALLOWED_FLAG = re.compile(
+    r"(-O[0-3s]?|-std=[\w+]+|-[DU]\w+(=[\w.+-]*)?|--?use_fast_math|-ffast-math|-arch=\w+|--gpu-architecture=\w+|-gencode[= ]?[\w=,]+"
+    r"|-lineinfo|--expt-relaxed-constexpr|--expt-extended-lambda|-Xptxas=?[-\w=,.]+|--ptxas-options=[-\w=,.]+|-maxrregcount=?\d+"
+    r"|-w|-W(?!l,)[\w=-]+|-fPIC|-funroll-loops|-march=[\w-]+|-mtune=[\w-]+|-fopenmp|-l(cuda|cudart|cublas|cublasLt)|--extended-lambda"
+    r"|-DNDEBUG|-g|-G|--restrict|-Xcompiler=-O[0-3]|-Xcompiler=-fPIC)"
+)
+_TOKEN = re.compile(r"[A-Za-z_]\w*|::|##|->|[#{};(.&=,)]")
+
+
+def check_native_sources(*args: Any, **kwargs: Any) -> str | None:
+    """Why ``load_inline(name, *args, **kwargs)``'s sources or flags are refused, or None. ``args`` are
+    load_inline's arguments after the name (``cpp_sources``, ``cuda_sources``, ...)."""
+    cpp = kwargs.get("cpp_sources", args[0] if args else "")
+    cuda = kwargs.get("cuda_sources", args[1] if len(args) > 1 else None)
+    for flags_name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+        for flag in _as_list(kwargs.get(flags_name)):
+            if not ALLOWED_FLAG.fullmatch(str(flag).strip()):
+                return f"pass the flag {str(flag)[:80]!r} in {flags_name}, which may run or load other programs"
+    if kwargs.get("extra_include_paths"):
+        return "add include paths: a kernel includes only torch's and CUDA's headers"
+    if kwargs.get("build_directory"):
+        return "choose the build directory: the harness builds where it can check the artefacts"
+    for label, sources, device_code in (("cpp_sources", cpp, False), ("cuda_sources", cuda, True)):
+        for source in _as_list(sources):
+            problem = check_source(str(source), device_code=device_code)
+            if problem:
+                return f"in {label}: {problem}"
+    return None
+
+
+def check_source(source: str, *, device_code: bool) -> str | None:
+    code = _strip(source, strings=False)
+    for line in code.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            continue
+        directive = re.match(r"#\s*(\w+)", stripped)
+        name = directive.group(1) if directive else ""
+        if name == "include":
+            header = re.match(r"#\s*include\s*[<\"]([^>\"]+)[>\"]", stripped)
+            if header is None or not ALLOWED_INCLUDE.fullmatch(header.group(1).strip()):
+                return f"includes {stripped[:80]!r}: only torch, ATen, c10, CUDA and computing headers of the C++ library"
+        elif name == "pragma" and not ALLOWED_PRAGMA.match(stripped):
+            return f"uses {stripped[:60]!r}"
+        elif name in ("line", "embed", "include_next", "import"):
+            return f"uses #{name}"
+    stripped_source = _strip(source, strings=True)
+    for line in stripped_source.splitlines():  # a macro can spell a call its uses never show: every name in one counts
+        if re.match(r"\s*#\s*define\b", line):
+            named = set(_TOKEN.findall(line)) & (DENIED_IDENTIFIERS | CALL_DENIED)
+            if named:
+                return f"defines a macro naming {', '.join(sorted(named))}, which reaches the operating system"
+    tokens = _TOKEN.findall(stripped_source)
+    for i, token in enumerate(tokens):
+        before, after = (tokens[i - 1] if i else ""), (tokens[i + 1] if i + 1 < len(tokens) else "")
+        if token == "##":
+            return "pastes tokens (##): every identifier must be visible to the check"
+        if token in DENIED_IDENTIFIERS:
+            return f"uses {token}, which reaches the operating system, the interpreter or the dispatcher"
+        if token in CALL_DENIED and before not in (".", "->") and (
+                after == "(" or before in ("::", "&") or (before in ("(", ",", "=") and after in (",", ")", ";"))):
+            return f"calls {token}, which reaches the operating system"
+        if token.startswith(DENIED_PREFIXES) and token not in ALLOWED_MACROS_WITH_PREFIX:
+            return f"uses {token}: the Python C API leads back into the harness's interpreter"
+        if token == "py" and after == "::" and i + 2 < len(tokens) and tokens[i + 2] not in ALLOWED_PY_MEMBERS:
+            return f"uses py::{tokens[i + 2]}: of pybind11 a kernel needs only py::arg"
+        if token in ("asm", "__asm__", "__asm") and not (device_code and _inside_device_function(tokens, i)):
+            return "uses inline assembly outside a __device__ or __global__ function"
+    return None
+
+
+def _inside_device_function(tokens: Sequence[str], at: int) -> bool:
+    """Whether token ``at`` lies inside a brace whose declaration (the tokens since the previous
+    ``;``, ``{`` or ``}``) says ``__device__`` or ``__global__``: device code, which cannot make a system call."""
+    enclosing: list[bool] = []
+    start = 0
+    for i in range(at):
+        if tokens[i] == "{":
+            enclosing.append(any(t in ("__device__", "__global__") for t in tokens[start:i]))
+            start = i + 1
+        elif tokens[i] == "}":
+            if enclosing:
+                enclosing.pop()
+            start = i + 1
+        elif tokens[i] == ";":
+            start = i + 1
+    return any(enclosing)
+
+
+def _strip(source: str, *, strings: bool) -> str:
+    """Comments removed (line structure kept); with ``strings``, string and character literals (raw
+    ones too) emptied as well: their text is not code."""
+    out, i, n = [], 0, len(source)
+    while i < n:
+        c = source[i]
+        if source.startswith("//", i):
+            j = source.find("\n", i)
+            i = n if j < 0 else j
+        elif source.startswith("/*", i):
+            j = source.find("*/", i + 2)
+            out.append("\n" * source.count("\n", i, n if j < 0 else j))
+            i = n if j < 0 else j + 2
+        elif strings and c == "R" and source.startswith('R"', i) and source.find("(", i + 2) >= 0:
+            delimiter = source[i + 2:source.find("(", i + 2)]
+            end = source.find(f"){delimiter}\"", i)
+            out.append('""')
+            i = n if end < 0 else end + len(delimiter) + 2
+        elif strings and c in "\"'":
+            j = i + 1
+            while j < n and source[j] != c and source[j] != "\n":
+                j += 2 if source[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]

@@ -1,0 +1,190 @@
+"""What an evaluation child can see and leave behind, and what the judge reads of what it leaves:
+settings sources and host files out of sight, no writable or shared locks directory, its own inbox
+and build only, artefacts-only publishing, results signed, output files read safely."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from services.config import Settings
+from services.sandbox import run_sandboxed
+from services.sandbox.bwrap import bwrap_probe
+from reward_svc import verify
+from reward_svc.build_cache import BuildCache, artefacts
+from reward_svc.harness import tensors
+from reward_svc.harness.loading import DeviceLock, gpu_lock
+from reward_svc.redact import Redactor
+from reward_svc.sandbox import FORGED_RESULT, ChildPool, Layout
+from reward_svc.verdict import Verdict
+
+REPO = Path(__file__).resolve().parents[1]
+needs_bwrap = pytest.mark.skipif(bwrap_probe()[0] is None, reason="what a child sees is bwrap's to decide")
+
+
+@needs_bwrap
+def test_a_child_sees_its_own_dirs_and_the_system_and_nothing_else(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    """No settings source (the worker's .env beside it, the checkout's files), no host secrets or other
+    checkouts, no locks dir, no other child's work, inbox or build, no exchange dir of other groups."""
+    scratch = Path(tempfile.mkdtemp(dir="/var/tmp"))  # not under /tmp, which a child's private /tmp would hide anyway
+    settings = kz_env(reward_warm_children=0, reward_scratch_dir=scratch, sandbox="bwrap")
+    Path(".env").write_text("KZ_API_KEY=kz-canary-settings\n")
+    layout = Layout(settings.data_dir / "reward", scratch=settings.reward_scratch_dir).create()
+    pool = ChildPool(settings, layout, "cpu", 30.0, size=0)
+    try:
+        mine, other = (_child_dirs(layout, name) for name in ("mine", "other"))
+        (other.workdir / "expected_0.pt").write_text("the reference's answer")
+        (layout.exchange / "group").mkdir()
+        (layout.exchange / "group" / "inputs_0.pt").write_text("another group's inputs")
+        build = layout.cache / ("0" * 64)
+        build.mkdir()
+        (build / "lib.so").write_text("another source's build")
+        Path(layout.gpu_lock("cuda")).touch()
+        settings.api_key_file.write_text("kz-canary-local-key")
+        probes = {
+            "own work dir": str(mine.workdir), "own inbox": str(mine.inbox), "own build inbox": str(mine.build_inbox),
+            "worker's .env": str(Path(".env").resolve()), "checkout README": str(REPO / "README.md"),
+            "checkout .git": str(REPO / ".git"), "shadow": "/etc/shadow", "other work dir": str(other.workdir),
+            "other inbox": str(other.inbox), "exchange": str(layout.exchange), "cache": str(build),
+            "locks": str(layout.locks), "local API key": str(settings.api_key_file), "var": "/var/lib", "srv": "/srv",
+        }
+        code = "import json, os, sys; print(json.dumps({k: os.path.exists(v) for k, v in json.loads(sys.argv[1]).items()}))"
+        result = run_sandboxed([sys.executable, "-c", code, json.dumps(probes)], pool.policy(mine.workdir, mine.inbox, mine.build_inbox))
+        seen = json.loads(result.stdout)
+        assert {k for k, v in seen.items() if v} == {"own work dir", "own inbox", "own build inbox"}, result.stderr.decode()
+        assert str(layout.locks) not in map(str, pool.policy(mine.workdir).writable_dirs)
+    finally:
+        pool.close()
+        shutil.rmtree(scratch)
+
+
+def test_device_lock_descriptors_exclude_one_another(tmp_path: Path) -> None:
+    """Each child holds the lock as read-only descriptors its pool opened: an exclusive hold through
+    one waits for a shared hold through another, as with the lock file's path."""
+    path = str(tmp_path / "gpu.lock")
+    first, second = DeviceLock.open(path), DeviceLock.open(path)
+    order: list[str] = []
+
+    def timing() -> None:
+        with gpu_lock(second.to_json(), exclusive=True):
+            order.append("timed")
+
+    try:
+        with gpu_lock(first.to_json()):
+            waiter = threading.Thread(target=timing)
+            waiter.start()
+            time.sleep(0.3)
+            order.append("shared released")
+        waiter.join(5)
+        assert order == ["shared released", "timed"]
+        assert os.get_blocking(first.lock_fd) and (os.stat(path).st_size == 0)  # read-only: nothing is ever written to it
+    finally:
+        first.close()
+        second.close()
+
+
+def test_only_the_artefacts_a_build_makes_are_published(tmp_path: Path) -> None:
+    """A child's build dir may hold anything the candidate left there: only regular files of the
+    harness's artefact kinds go into the cache, within their size bounds."""
+    build = tmp_path / "build"
+    (build / "triton" / "abc").mkdir(parents=True)
+    (build / "kz_1234").mkdir()
+    (build / "kz_1234" / "relu.so").write_bytes(b"\x7fELF")
+    (build / "kz_1234" / "meta.json").write_text("{}")
+    (build / "triton" / "abc" / "relu.cubin").write_bytes(b"cubin")
+    (build / "junk.bin").write_bytes(b"x" * (1 << 20))  # 64 MiB of this stayed in the cache before
+    (build / "payload.sh").write_text("#!/bin/sh\n")
+    os.symlink("/etc/passwd", build / "kz_1234" / "linked.so")
+    os.mkfifo(build / "triton" / "abc" / "fifo.json")
+    kept = sorted(str(p.relative_to(build)) for p in artefacts(build))
+    assert kept == ["kz_1234/meta.json", "kz_1234/relu.so", "triton/abc/relu.cubin"]
+    cache = BuildCache(tmp_path / "cache", max_bytes=1 << 30)
+    cache.root.mkdir()
+    cache.publish(build, "src")
+    published = sorted(str(p.relative_to(cache.path_for("src"))) for p in cache.path_for("src").rglob("*") if p.is_file())
+    assert published == kept
+
+
+def test_a_result_file_the_harness_did_not_sign_is_a_forgery(kz_env: Callable[..., Settings]) -> None:
+    """A child's result is signed with a key its job carried; one written by anything else in the child
+    (native code that found the work dir writable) is recognised, whatever it claims."""
+    settings = kz_env(reward_warm_children=0)
+    layout = Layout(settings.data_dir / "reward").create()
+    pool = ChildPool(settings, layout, "cpu", 30.0, size=0, entry="forging_child")
+    try:
+        child = pool.take()
+        _, result = child.run({"claim": {"status": "correct"}})
+        child.discard()
+        assert result == FORGED_RESULT
+    finally:
+        pool.close()
+
+
+def _child_dirs(layout: Layout, name: str) -> Any:
+    """A child's three dirs as its pool makes them (without starting it)."""
+    from types import SimpleNamespace
+
+    dirs = SimpleNamespace(workdir=layout.jobs / name, inbox=layout.jobs / f"{name}.in", build_inbox=layout.build_inboxes / name)
+    for path in vars(dirs).values():
+        path.mkdir(parents=True)
+    return dirs
+
+
+def _judge_with(tmp_path: Path, plant: Callable[[Path], None]) -> Verdict:
+    ref_dir, cand_dir = tmp_path / "ref", tmp_path / "cand"
+    ref_dir.mkdir(), cand_dir.mkdir()
+    tensors.save(ref_dir / "expected_0.pt", torch.randn(64))
+    plant(cand_dir / "output_0.pt")
+    compare_files = verify.FileComparer(verify.Tolerance())
+    return verify.judge({"status": "ok", "cases": 1}, {"status": "ok", "observations": {"launches_per_case": [1]}},
+                        verify.TrialFiles(cand_dir, ref_dir, 1), compare_files)
+
+
+def test_an_output_published_as_a_fifo_gets_a_verdict_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    verdict = _judge_with(tmp_path, lambda path: os.mkfifo(path))
+    assert time.monotonic() - started < 10
+    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+
+
+def test_an_output_linked_elsewhere_is_not_followed(tmp_path: Path) -> None:
+    verdict = _judge_with(tmp_path, lambda path: os.symlink("/etc/hostname", path))
+    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+
+
+def test_an_output_far_larger_than_the_answer_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 32 KiB answer read as 2.66 GB of worker memory: the size is checked against the expected
+    output's file before a byte is read."""
+    read: list[str] = []
+    monkeypatch.setattr(verify.tensors, "load_bytes", lambda buffer: read.append("read") or tensors.load_bytes(buffer))
+    big = torch.randn(4 << 20)  # 16 MiB where the answer is 256 bytes
+    verdict = _judge_with(tmp_path, lambda path: tensors.save(path, big))
+    assert verdict.status == "incorrect" and "not read" in verdict.reason, verdict.reason
+    assert read == []
+
+
+def test_a_child_result_can_never_be_a_verdict_of_its_own_choosing(tmp_path: Path) -> None:
+    verdict = verify.judge({"status": "ok", "cases": 1}, {"status": "correct", "reason": "trust me"},
+                           verify.TrialFiles(tmp_path, tmp_path, 1), verify.FileComparer(verify.Tolerance()))
+    assert verdict.status == "runtime_error" and not verdict.correct
+
+
+def test_secrets_are_taken_out_of_reasons_and_details(kz_env: Callable[..., Settings]) -> None:
+    Path(".env").write_text("KZ_CODER_OPENAI_API_KEY=sk-canary-from-dotenv\nOTHER=short\n")
+    redactor = Redactor(kz_env(database_url="postgresql+psycopg://kz:pg-canary-password@db/kz"))
+    verdict = Verdict("runtime_error", "RuntimeError: sk-canary-from-dotenv " + "x" * 5000,
+                      details={"stderr_tail": "dsn postgresql+psycopg://kz:pg-canary-password@db/kz", "n": 3})
+    redactor.verdict(verdict)
+    assert "sk-canary" not in verdict.reason and len(verdict.reason) <= 2001
+    assert "pg-canary-password" not in json.dumps(verdict.details) and verdict.details["n"] == 3
