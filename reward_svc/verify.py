@@ -37,8 +37,9 @@ NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings
 FALLBACK_WORK_SHARE = 0.9
 # The custom kernels must produce at least this share of the output: the elements the knockout
 # (their writes poisoned) changes, among those not at a saturated value (0, the output's minimum or
-# maximum: a ReLU or clamp after the kernel maps poison there too).
-MIN_KERNEL_SHARE = 0.5
+# maximum: a ReLU or clamp after the kernel maps poison there too). Most of it, not half: a kernel
+# for every other row and PyTorch for the rest is PyTorch's half-answer.
+MIN_KERNEL_SHARE = 0.75
 HOST_SCALARS_MAX = 1024  # values one forward may read into Python (.item()): shapes and constants, not the answer
 # Timing faster than moving the problem's input and output bytes once at this share of the bandwidth
 # the reference's harness measured (its L2 flush) is not believed: speed is not paid, and the verdict says why.

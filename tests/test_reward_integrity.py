@@ -66,6 +66,9 @@ SOFTMAX_COPIES = {
 MULADD = module("return inputs[0] * inputs[1] + inputs[2]", "[torch.randn(4, 1024), torch.randn(4, 1024), torch.randn(4, 1024)]")
 MULADD_COPIES = {
     "addcmul": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn torch.addcmul(inputs[2], a, inputs[1])",
+    "a matmul of inner size 1": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\n"
+                                "return torch.baddbmm(inputs[2].reshape(-1, 1, 1), a.reshape(-1, 1, 1), inputs[1].reshape(-1, 1, 1)).reshape(a.shape)",
+    "a sum of pairs": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn torch.stack([a * inputs[1], inputs[2]]).sum(0)",
 }
 
 
@@ -101,6 +104,9 @@ PARTIAL = {
                                          "return out",
     "a quarter by the kernel": "x = inputs[0]\nout = torch.empty_like(x)\nlaunch_relu(x[0], out[0])\nout[1:] = x[1:].clamp(min=0)\nreturn out",
     "kernel epilogue adds a tiny value": "out = torch.relu(inputs[0])\nlaunch_copy(out + 1e-7, out)\nreturn out",
+    "every other row by the kernel": "x = inputs[0]\nout = torch.empty_like(x)\neven = x[0::2].contiguous()\n"
+                                     "out[0::2] = launch_relu(even, torch.empty_like(even))\nout[1::2] = torch.clamp(x[1::2], min=0)\n"
+                                     "return out",
 }
 
 
@@ -112,6 +118,7 @@ def test_nudged_or_partial_kernel_work_does_not_pay(evaluator: Evaluator) -> Non
     results = verdicts(evaluator, RELU, {name: kernel_candidate(f, NUDGE_KERNEL) for name, f in PARTIAL.items()})
     assert_caught(results, "pytorch_fallback", "kernel_share")
     assert results["a quarter by the kernel"].guard == "kernel_share"  # PyTorch's 75% is under the work share
+    assert results["every other row by the kernel"].guard == "kernel_share"
 
 
 # --- compute the recorder cannot see -------------------------------------------------------------------
@@ -225,6 +232,16 @@ def scale_kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
     mask = offsets < n
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * scale, mask=mask)
 '''
+SOFTMAX_GIVEN_MAX = '''
+@triton.jit
+def softmax_given_max_kernel(x_ptr, m_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
+    e = tl.exp(x - tl.load(m_ptr + row))
+    tl.store(out_ptr + row * n_cols + cols, e / tl.sum(e, axis=0), mask=mask)
+'''
 HONEST = {
     "triton_op": (RELU, kernel_candidate("return relu_op(inputs[0])", TRITON_OP)),
     "custom_op": (RELU, kernel_candidate("return relu_custom(inputs[0])", CUSTOM_OP)),
@@ -244,6 +261,11 @@ GLUE = {  # PyTorch does part of the reference's work around a kernel that does 
     "PyTorch multiplies, the kernel does the ReLU": (
         module("return torch.relu(inputs[0] @ inputs[1])", "[torch.randn(16, 64), torch.randn(64, 64)]"),
         kernel_candidate("y = inputs[0] @ inputs[1]\nreturn launch_relu(y, torch.empty_like(y))")),
+    "PyTorch takes the row maxima, the kernel the rest of a softmax": (
+        SOFTMAX,
+        kernel_candidate("x = inputs[0].contiguous()\nm = x.amax(dim=1).contiguous()\nout = torch.empty_like(x)\n"
+                         "softmax_given_max_kernel[(x.shape[0],)](x, m, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))\n"
+                         "return out", SOFTMAX_GIVEN_MAX)),
     "the kernel scales, PyTorch applies a ReLU": (
         module("return torch.relu(inputs[0] * 2.0)", "[torch.randn(4, 1024)]"),
         kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\nscale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), 2.0, "

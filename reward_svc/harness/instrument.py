@@ -89,24 +89,68 @@ def is_compute_op(name: str) -> bool:
                    for p in _NON_COMPUTE_PREFIXES)
 
 
-def op_family(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> tuple[str, int]:
-    """(family, work) of one aten compute op. Contractions, reductions and data ops: the elements they
-    read. A pointwise op: its result's elements times the operations that make each (one per tensor
-    operand past the first, at least one), so ``addcmul`` weighs what ``mul`` and ``add`` do. A
-    pointwise op that broadcasts its inputs into a larger result (an outer product spelled
-    ``a[:, :, None] * b``) is a contraction of that result's size."""
+# Ops that are several passes of work in one: their work per element read, split by family, so a
+# PyTorch decomposition of one (a softmax as amax, sub, exp, sum, div) weighs what the op does, and
+# PyTorch doing one pass of it (the row maxima before a kernel) weighs that pass only.
+COMPOSITE_WORK = {
+    **dict.fromkeys(("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "logsumexp"),
+                    {"reduction": 2, "pointwise": 3}),
+    **dict.fromkeys(("native_layer_norm", "layer_norm", "native_group_norm", "group_norm", "instance_norm", "native_batch_norm",
+                     "_native_batch_norm_legit", "batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm"),
+                    {"reduction": 2, "pointwise": 4}),
+    "_native_batch_norm_legit_no_training": {"pointwise": 4},  # running statistics: no reduction
+    **dict.fromkeys(("rms_norm", "_fused_rms_norm"), {"reduction": 1, "pointwise": 3}),
+    **dict.fromkeys(("var", "std", "var_mean", "std_mean"), {"reduction": 2, "pointwise": 1}),
+    **dict.fromkeys(("norm", "linalg_vector_norm", "frobenius_norm", "dist", "renorm"), {"reduction": 1, "pointwise": 1}),
+    **dict.fromkeys(("mse_loss", "l1_loss"), {"reduction": 1, "pointwise": 2}),
+    **dict.fromkeys(("smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "multi_margin_loss"), {"reduction": 1, "pointwise": 3}),
+    **dict.fromkeys(("binary_cross_entropy", "binary_cross_entropy_with_logits"), {"reduction": 1, "pointwise": 4}),
+    **dict.fromkeys(("cosine_similarity", "cross_entropy_loss"), {"reduction": 3, "pointwise": 3}),
+}
+POINTWISE_WEIGHT = {  # operations per result element of activations that are one op in aten and several spelled out
+    "gelu": 4, "mish": 4, "softplus": 3, "log_sigmoid_forward": 3, "hardswish": 3, "silu": 2, "elu": 2, "selu": 2, "celu": 2,
+    "sigmoid": 2, "tanh": 2, "erf": 2, "hardsigmoid": 2, "softshrink": 2, "hardshrink": 2, "addcdiv": 2, "lerp": 2,
+}
+SMALL_EXTENT = 4  # a contraction over at most this many terms, or a reduction of at most this many values into one, is pointwise work
+
+
+def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> dict[str, int]:
+    """The work one aten compute op did, by family. Contractions, reductions and data ops: the
+    elements they read (a composite op: split by family, ``COMPOSITE_WORK``). A pointwise op: its
+    result's elements times the operations that make each (one per tensor operand past the first,
+    at least one; an activation's own weight), so ``addcmul`` weighs what ``mul`` and ``add`` do. A
+    contraction over at most ``SMALL_EXTENT`` terms (a matmul with an inner size of 1) and a reduction
+    of at most that many values into each result are pointwise work in disguise; a pointwise op that
+    broadcasts its inputs into a larger result (an outer product spelled ``a[:, :, None] * b``) is a
+    contraction of that result's size."""
     read = sum(t.numel() for t in inputs)
-    if name in CONTRACTION_OPS:
-        return "contraction", read
-    if name in REDUCTION_OPS and overload not in ELEMENTWISE_OVERLOADS:
-        return "reduction", read
-    if name in DATA_OPS:
-        return "data", read
     produced = max((t.numel() for t in outputs), default=0)
+    if name in CONTRACTION_OPS:
+        extent = _contracted_extent(name, inputs)
+        if extent is not None and extent <= SMALL_EXTENT:  # its products, and the added term of addmm and kin
+            return {"pointwise": produced * (extent + name.startswith(("add", "baddbmm")))}
+        return {"contraction": read}
+    if name in REDUCTION_OPS and overload not in ELEMENTWISE_OVERLOADS:
+        if produced and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced and name not in COMPOSITE_WORK:
+            return {"pointwise": read}
+        return {family: read * factor for family, factor in COMPOSITE_WORK.get(name, {"reduction": 1}).items()}
+    if name in DATA_OPS:
+        return {"data": read}
     if inputs and produced > max(t.numel() for t in inputs):
-        return "contraction", produced
+        return {"contraction": produced}
     operands = sum(1 for t in inputs if t.numel() > 1)
-    return "pointwise", produced * max(1, operands - 1)
+    return {"pointwise": produced * max(1, operands - 1, POINTWISE_WEIGHT.get(name, 1))}
+
+
+def _contracted_extent(name: str, inputs: list[torch.Tensor]) -> int | None:
+    """How many terms each result of a matmul-like op or a convolution sums (None: not known)."""
+    operands = inputs[1:] if name.startswith(("add", "baddbmm")) else inputs
+    if name in ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
+                "_convolution_mode") and len(inputs) > 1 and inputs[1].dim() > 1:
+        return inputs[1].numel() // max(1, inputs[1].shape[0])
+    if operands and operands[0].dim() >= 1 and name in ("mm", "bmm", "matmul", "mv", "dot", "vdot", "addmm", "addbmm", "baddbmm", "addmv"):
+        return operands[0].shape[-1]
+    return None
 
 
 def _custom_op_body(func: Any) -> Callable[..., Any] | None:
@@ -165,9 +209,7 @@ class OpRecorder(TorchDispatchMode):
                 self.host_scalars += 1
             if is_compute_op(name):
                 self.path.append(name)
-                outputs = tensors.tensors_in(result)
-                family, work = op_family(name, func._overloadname, inputs, outputs)
-                self.family_work[family] += work
+                self.family_work.update(op_work(name, func._overloadname, inputs, tensors.tensors_in(result)))
             if self.provenance_key is not None:
                 with self.harness_work():
                     self._follow(name, inputs, tensors.tensors_in(result))
@@ -485,9 +527,11 @@ AUDIT_REFUSED = frozenset({
 })
 FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
                          "shutil.rmtree", "shutil.move", "shutil.copyfile", "os.utime"})
-TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "ptxas", "cudafe++", "cicc",
-                       "fatbinary", "nvlink", "ldconfig", "ldconfig.real", "which", "uname", "as", "ar", "clang", "clang++",
-                       "x86_64-linux-gnu-gcc", "x86_64-linux-gnu-g++", "cuobjdump"})
+# Programs a kernel's build runs (nvcc's phases, the host compiler and linker, Triton's bundled ptxas and
+# its launcher stubs' compiler, ldconfig for libcuda), by name or name prefix (``ptxas-blackwell``, ``gcc-12``).
+TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "cudafe++", "cicc", "fatbinary",
+                       "nvlink", "nvdisasm", "cuobjdump", "ldconfig", "ldconfig.real", "which", "uname", "as", "ar", "clang", "clang++"})
+TOOLCHAIN_PREFIXES = ("ptxas", "gcc-", "g++-", "clang-", "x86_64-linux-gnu-")
 
 
 def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]:
@@ -517,8 +561,8 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
         if event in AUDIT_REFUSED or event.startswith(AUDIT_REFUSED_PREFIXES):
             refuse(event, repr(args)[:200])
         elif event == "subprocess.Popen":
-            executable = os.path.basename(str(args[0] if args[0] else (args[1] or [""])[0]))
-            if executable not in TOOLCHAIN:
+            executable = os.path.basename(os.fsdecode(args[0] if args[0] else (args[1] or [""])[0]))
+            if executable not in TOOLCHAIN and not executable.startswith(TOOLCHAIN_PREFIXES):
                 refuse(event, executable)
         elif event in FILE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)) and writes(event, args):
             path = os.path.realpath(os.fsdecode(args[0]))
