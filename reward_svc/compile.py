@@ -68,7 +68,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reward_svc.nvcc_phases import compile_cu
+from reward_svc.nvcc_phases import compile_cu, toolchain_env
 
 # Bump when the generated sources, flags or cache layout change: old cache entries then miss.
 STRATEGY_VERSION = "1"
@@ -789,7 +789,7 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return _checked(subprocess.run(cmd, cwd=cwd, capture_output=True, text=True), cmd)
+    return _checked(subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=toolchain_env()), cmd)
 
 
 def _checked(result: subprocess.CompletedProcess[str], cmd: list[str]) -> subprocess.CompletedProcess[str]:

@@ -44,15 +44,22 @@ class Phases:
     module_id_file: Path
 
 
+def toolchain_env() -> dict[str, str]:
+    """This process's environment without nvcc's own flag variables (``NVCC_APPEND_FLAGS`` and kin):
+    the flags of a build are the harness's, checked before it runs (harness/native_policy.py)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("NVCC_")}
+
+
 def compile_cu(nvcc_cmd: list[str], source: Path, output: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Compile ``source`` to ``output`` like ``nvcc_cmd -c source -o output``, front ends in parallel."""
     keep = cwd / "nvcc-keep"
     keep.mkdir(exist_ok=True)
     plain = [*nvcc_cmd, "-c", str(source), "-o", str(output)]
-    dry = subprocess.run([*plain, "--dryrun", "--keep", "--keep-dir", str(keep)], cwd=cwd, capture_output=True, text=True)
+    env = toolchain_env()
+    dry = subprocess.run([*plain, "--dryrun", "--keep", "--keep-dir", str(keep)], cwd=cwd, capture_output=True, text=True, env=env)
     phases = parse_dryrun(dry.stdout + dry.stderr) if dry.returncode == 0 else None
     if phases is None:
-        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True)
+        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env)
     phases.module_id_file.write_text(module_id(source))
     with ThreadPoolExecutor(max_workers=2) as pool:
         branches = list(pool.map(lambda steps: _run_steps(steps, phases.env, cwd), (phases.host, phases.device)))
@@ -60,14 +67,14 @@ def compile_cu(nvcc_cmd: list[str], source: Path, output: Path, cwd: Path) -> su
     result = failed or _run_steps(phases.final, phases.env, cwd)
     if result.returncode != 0:
         # Let nvcc itself have the last word (and write the diagnostics users expect).
-        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True)
+        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env)
     return result
 
 
 def parse_dryrun(text: str) -> Phases | None:
     """The three branches of nvcc's plan, or None when the plan is not the one we know."""
     lines = [line[3:] for line in text.splitlines() if line.startswith("#$ ")]
-    env = dict(os.environ)
+    env = toolchain_env()
     steps: list[str] = []
     for line in lines:
         match = _ASSIGNMENT.match(line)

@@ -46,6 +46,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 import string
 import types
 from collections.abc import Iterator
@@ -64,7 +65,8 @@ ALLOWED_MODULES = frozenset({
     "warnings", "__future__", "einops", "os",
 })
 MODULE_ATTRIBUTES = {
-    "os": frozenset({"environ", "getenv", "cpu_count"}),
+    "os": frozenset({"getenv", "cpu_count"}),  # reads only: the environment steers Triton and nvcc
+    "warnings": frozenset({"warn", "simplefilter", "filterwarnings", "catch_warnings"}),  # formatwarning reads any file's lines
     "torch.utils": frozenset({"cpp_extension"}),
     # torch.library's documented ways to register a Triton kernel or a new op, which override nothing
     "torch.library": frozenset({"triton_op", "wrap_triton", "custom_op", "register_fake"}),
@@ -84,6 +86,7 @@ DENIED_OBJECTS = {
     "forbidden_call": (
         "torch.load", "torch.save", "torch.from_file", "torch.from_numpy", "torch.frombuffer", "torch.from_dlpack",
         "torch.utils.cpp_extension.load", "torch.compile", "torch.cuda.cudart", "torch.cuda.caching_allocator_alloc",
+        "torch.get_device_module",
         "torch.cuda.caching_allocator_delete", "torch.cuda.jiterator",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
@@ -107,6 +110,9 @@ ALLOWED_BUILTINS = frozenset({
     "True", "False", "None", "NotImplemented", "Ellipsis", "__name__",
     "getattr", "setattr",  # only as calls, read like the attribute access they spell (``_check_dynamic_attribute``)
 }) | frozenset(name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException))
+# Builtins that are not on the list must not be bound by the source either: a parameter named eval would
+# make the builtin's name look like the source's own everywhere (names are not told apart by scope).
+UNBINDABLE = frozenset(name for name in dir(builtins) if not name.startswith("_")) - ALLOWED_BUILTINS - {"exit", "quit"}
 ALLOWED_DUNDER_ATTRIBUTES = frozenset({"__init__", "__name__"})  # super().__init__(), Model.__init__(self), fn.__name__
 ALLOWED_DUNDER_DEFINITIONS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__iter__", "__next__", "__getitem__",
                                         "__contains__", "__call__", "__enter__", "__exit__", "__post_init__"})
@@ -115,8 +121,15 @@ VALUE_ATTRIBUTES_DENIED = frozenset({
     "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame",
     "cr_code", "cr_await", "ag_frame", "ag_code", "ag_await", "tb_frame", "tb_next", "co_code", "co_consts", "co_names",
     "cell_contents", "mro",
-    # importers kept on objects (a module spec's loader, torch.ops)
+    # importers kept on objects (a module spec's loader, torch.ops), functions that hand back a module
+    # (torch.get_device_module, a Triton driver's device interface), the process-wide Triton driver's
+    # switch, and launch hooks (they would run inside a counted launch)
     "import_module", "load_library", "load_module", "exec_module", "find_spec", "find_module", "loader",
+    "get_device_module", "get_device_interface", "set_active", "reset_active", "add_pre_run_hook", "pre_run_hooks",
+    # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
+    "sys", "os", "builtins", "importlib", "traceback", "inspect", "types", "ctypes", "subprocess", "gc", "threading",
+    "linecache", "pickle", "marshal", "socket", "shutil", "tempfile", "pathlib", "weakref", "atexit", "signal", "platform",
+    "torch", "triton", "json", "functools", "operator", "collections",
     # tensor data leaving for the host, where compute is invisible to the op recorder, or for files and shared memory
     "numpy", "tolist", "apply_", "map_", "map2_", "storage", "untyped_storage", "share_memory_", "share_memory", "tofile",
     "fromfile", "from_file", "dump", "dumps", "ctypes",
@@ -219,6 +232,9 @@ class _Checker(ast.NodeVisitor):
         self.aliases: dict[str, Any] = {}  # names import statements bound, to what they reached
         self.bound = _bound_names(tree)
         self.own_private = _own_private_attributes(tree)
+        self.instance_methods = _instance_methods(tree)  # class name -> its methods that take self
+        self.op_namespaces = _registered_namespaces(tree)
+        self._in_jit = 0
         self._owners: list[str | None] = []  # per enclosing function: its first parameter when it is a method
         self._in_class = 0
 
@@ -272,10 +288,36 @@ class _Checker(ast.NodeVisitor):
             elif name not in self.bound and name not in ALLOWED_BUILTINS:
                 self.flag("forbidden_call", node, f"uses the builtin '{name}', which a kernel does not need"
                           if hasattr(builtins, name) else f"uses '{name}', which the source never defines")
-        elif _is_dunder(name):
+        elif not self._rebinds_to_none(node):
+            self._check_binding(name, node)
+
+    def _check_binding(self, name: str, node: ast.AST) -> None:
+        """Every way the source binds a name (assignment, parameter, def, class, except, match, with)."""
+        if _is_dunder(name):
             self.flag("harness_tampering", node, f"binds {name}")
-        elif name in self.aliases and not self._rebinds_to_none(node):
+        elif name in self.aliases:
             self.flag("harness_tampering", node, f"binds the imported name '{name}' again: chains from it could not be followed")
+        elif name in UNBINDABLE:
+            self.flag("forbidden_call", node, f"binds the name of the builtin '{name}': its uses would look like the source's own")
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.name:
+            self._check_binding(node.name, node)
+        self.generic_visit(node)
+
+    def visit_MatchStar(self, node: ast.MatchStar) -> None:
+        if node.name:
+            self._check_binding(node.name, node)
+
+    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+        if node.rest:
+            self._check_binding(node.rest, node)
+        self.generic_visit(node)
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name:
+            self._check_binding(node.name, node)
+        self.generic_visit(node)
 
     def _rebinds_to_none(self, node: ast.Name) -> bool:
         return getattr(node, "kz_value_is_none", False)  # ``triton = None`` after a failed optional import
@@ -293,7 +335,15 @@ class _Checker(ast.NodeVisitor):
     def _chain(self, node: ast.Attribute, *, store: bool = False, as_value: bool = True) -> Any:
         """Check the whole dotted chain ending at ``node`` once; return what it reaches where a module chain resolves."""
         attrs, base = _split_chain(node)
+        if as_value and attrs[-1] in ("format", "format_map"):
+            self.flag("forbidden_call", node, f".{attrs[-1]} taken as a value: its fields would read attributes unchecked")
+        if (isinstance(base, ast.Name) and base.id in self.instance_methods and attrs[0] in self.instance_methods[base.id]
+                and not getattr(node, "kz_init_on_self", False)):
+            self.flag("harness_tampering", node, f"uses {base.id}.{attrs[0]} unbound: a method runs on its own object, never one handed in")
         if isinstance(base, ast.Name) and base.id in self.aliases:
+            if self._in_jit and _module_name(self.aliases[base.id], "").split(".")[0] == "torch":
+                self.flag("pytorch_fallback", node, f"uses {'.'.join([base.id, *attrs])} inside a Triton kernel: PyTorch's work "
+                          "inside a launch is PyTorch's")
             obj = self._walk(base.id, attrs, node)
             if store:
                 self._check_module_store(base.id, attrs, node)
@@ -321,7 +371,12 @@ class _Checker(ast.NodeVisitor):
             else:  # past the modules (or where they could not be followed): the value rules
                 if not self._check_value_attribute(attr, node, on_self=False):
                     return None
-                obj = _static_attribute(obj, attr)
+                owner, obj = obj, _static_attribute(obj, attr)
+                if isinstance(owner, type) and isinstance(obj, types.FunctionType) and not (
+                        attr == "__init__" and getattr(node, "kz_init_on_self", False)):
+                    self.flag("harness_tampering", node, f"uses {dotted}.{attr} unbound: a library class's method runs on its "
+                              "own object, never one handed in")
+                    return None
                 if obj is not UNRESOLVED and not self._check_object(obj, f"{dotted}.{attr}", node):
                     return None
             if obj is None:
@@ -381,8 +436,9 @@ class _Checker(ast.NodeVisitor):
 
     def _torch_ops(self, namespace: str, node: ast.AST) -> Any:
         """``torch.ops.<namespace>.<op>``: operators, never the importers torch.ops also carries."""
-        if namespace.startswith("_") or namespace in ("import_module", "load_library", "loaded_libraries"):
-            self.flag("forbidden_import", node, f"uses torch.ops.{namespace}: torch.ops is for calling operators")
+        if namespace not in self.op_namespaces:
+            self.flag("forbidden_import", node, f"uses torch.ops.{namespace}: torch.ops is for the operators the source "
+                      "registers itself (PyTorch's own are called by name, where the judge counts them)")
             return None
         return UNRESOLVED  # an op namespace (the candidate's own ones exist only once it runs): value rules from here
 
@@ -415,6 +471,8 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if not _is_dunder(node.name):
+            self._check_binding(node.name, node)
         if _is_dunder(node.name) and node.name not in ALLOWED_DUNDER_DEFINITIONS:
             self.flag("harness_tampering", node, f"defines {node.name}: the harness would run it inside its own calls")
         if node.name == "data_ptr":
@@ -425,12 +483,26 @@ class _Checker(ast.NodeVisitor):
         if node.returns is not None:
             self._annotation(node.returns)
         args = node.args.posonlyargs + node.args.args
-        self._owners.append(args[0].arg if self._in_class and args else None)
+        regular = not any(_decorator_name(d) in ("staticmethod", "classmethod") for d in node.decorator_list)
+        self._owners.append(args[0].arg if self._in_class and args and regular else None)
+        jit = any(self._is_triton_jit(d) for d in node.decorator_list)
         outer, self._in_class = self._in_class, 0
+        self._in_jit += jit
         for statement in node.body:
             self.visit(statement)
+        self._in_jit -= jit
         self._in_class = outer
         self._owners.pop()
+
+    def _is_triton_jit(self, decorator: ast.expr) -> bool:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        attrs, base = _split_chain(target) if isinstance(target, ast.Attribute) else ([], target)
+        if not isinstance(base, ast.Name) or base.id not in self.aliases:
+            return False
+        obj = self.aliases[base.id]
+        for attr in attrs:
+            obj = getattr(obj, attr, None) if isinstance(obj, types.ModuleType) else _static_attribute(obj, attr)
+        return _qualified(obj) in ("triton.runtime.jit.jit", "triton.runtime.interpreter.jit")
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
@@ -440,8 +512,7 @@ class _Checker(ast.NodeVisitor):
         self._owners.pop()
 
     def visit_arg(self, node: ast.arg) -> None:
-        if node.arg in self.aliases:
-            self.flag("harness_tampering", node, f"names a parameter '{node.arg}' like an imported module")
+        self._check_binding(node.arg, node)
         if node.annotation is not None:
             self._annotation(node.annotation)
 
@@ -467,8 +538,7 @@ class _Checker(ast.NodeVisitor):
             self.visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if _is_dunder(node.name):
-            self.flag("harness_tampering", node, f"defines the class {node.name}")
+        self._check_binding(node.name, node)
         for keyword in node.keywords:
             self.flag("harness_tampering", node, f"class {node.name} passes {keyword.arg or '**'} to its metaclass")
         for decorator in node.decorator_list:
@@ -488,6 +558,9 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if (isinstance(func, ast.Attribute) and func.attr == "__init__" and node.args and isinstance(node.args[0], ast.Name)
+                and self._owners and node.args[0].id == self._owners[-1]):
+            func.kz_init_on_self = True  # type: ignore[attr-defined]  # Base.__init__(self, ...)
         for keyword in node.keywords:
             if keyword.arg is not None and keyword.arg.startswith("_"):
                 self.flag("harness_tampering", node, f"passes the private keyword {keyword.arg}: a wrapper's private "
@@ -545,15 +618,19 @@ class _Checker(ast.NodeVisitor):
         target, name = node.args[0], node.args[1]
         for arg in node.args[2:]:
             self.visit(arg)
-        own = isinstance(target, ast.Name) and target.id == "self"
+        own = isinstance(target, ast.Name) and bool(self._owners) and target.id == self._owners[-1]
+        constant = isinstance(name, ast.Constant) and isinstance(name.value, str)
+        if not constant and not (own and _public_prefix(name)):
+            self.flag("forbidden_call", node, f"{builtin}() with a computed attribute name: only on a method's own object, "
+                      "named by a constant public prefix (f'w{i}')")
         if builtin == "setattr":
             if not own:
                 self.flag("harness_tampering", node, "setattr() on another object than self: only a method's own object is the kernel's to set")
+            elif constant:
+                self._check_value_attribute(name.value, node, on_self=True)
             self.visit(name)
             return
-        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-            if not own:
-                self.flag("forbidden_call", node, "getattr() with a computed attribute name")
+        if not constant:
             self.visit(name)
             return
         attr = name.value
@@ -675,6 +752,37 @@ def _bound_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             bound.update(node.names)
     return bound
+
+
+def _decorator_name(decorator: ast.expr) -> str | None:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else None
+
+
+def _instance_methods(tree: ast.Module) -> dict[str, set[str]]:
+    """Per class the source defines, the methods that take their object (neither static nor class methods)."""
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            found.setdefault(node.name, set()).update(
+                item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not any(_decorator_name(d) in ("staticmethod", "classmethod") for d in item.decorator_list))
+    return found
+
+
+def _registered_namespaces(tree: ast.Module) -> set[str]:
+    """The operator namespaces the source registers ("ns::op" strings)."""
+    return {node.value.split("::")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[A-Za-z]\w*::\w+", node.value)}
+
+
+def _public_prefix(name: ast.expr) -> bool:
+    """A computed attribute name that starts with a constant letter (f"w{i}"): never a private or dunder one."""
+    while isinstance(name, ast.BinOp) and isinstance(name.op, ast.Add):
+        name = name.left
+    first = name.values[0] if isinstance(name, ast.JoinedStr) and name.values else name
+    prefix = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+    return bool(prefix) and prefix[0].isalpha()
 
 
 def _own_private_attributes(tree: ast.Module) -> set[str]:

@@ -40,7 +40,7 @@ FALLBACK_WORK_SHARE = 0.9
 # maximum: a ReLU or clamp after the kernel maps poison there too). Most of it, not half: a kernel
 # for every other row and PyTorch for the rest is PyTorch's half-answer.
 MIN_KERNEL_SHARE = 0.75
-HOST_SCALARS_MAX = 1024  # values one forward may read into Python (.item()): shapes and constants, not the answer
+HOST_BYTES_MAX = 1024  # bytes one forward may read into Python (.item(), float(t)): shapes and constants, not the answer
 # Timing faster than moving the problem's input and output bytes once at this share of the bandwidth
 # the reference's harness measured (its L2 flush) is not believed: speed is not paid, and the verdict says why.
 PLAUSIBLE_BANDWIDTH_SHARE = 2.0
@@ -334,6 +334,10 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
                            guard="cross_call_cache", max_abs_error=_finite(max_error))
     if produced("output_knockout"):
         knockout = against_reference("output_knockout")
+        if knockout.ok and observations.get("pytorch_output_kind") == "copied":
+            # a kernel copied PyTorch's answer (the knockout leaves copies alone): provenance says it more exactly
+            return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+                           "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
         if knockout.ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
@@ -344,6 +348,10 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
                            f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
                            guard="kernel_share", max_abs_error=_finite(max_error), details={"kernel_share": knockout.mismatched})
         observations["kernel_share"] = knockout.mismatched
+    if observations.get("knockout_raised"):
+        return Verdict("rejected", "forward raised when its kernels' results were replaced "
+                       f"({observations['knockout_raised'][:200]}): it checks what its own kernels wrote, hiding from the knockout trial",
+                       guard="knockout_evasion", max_abs_error=_finite(max_error))
     if observations.get("knockout_path"):
         return Verdict("rejected", "forward took another path when its kernels' results were tampered with than on the same values "
                        f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
@@ -434,9 +442,9 @@ def guard_observations(observations: dict[str, Any], ref_result: dict[str, Any])
     if 0 in launches:
         return "conditional_fallback", f"no custom kernel ran on trial {launches.index(0) + 1}: forward switches to another path"
     for case, work in enumerate(observations.get("work_per_case") or []):
-        if isinstance(work, dict) and isinstance(work.get("host_scalars"), int) and work["host_scalars"] > HOST_SCALARS_MAX:
-            return "host_compute", (f"forward read {work['host_scalars']} values into Python on trial {case + 1} (at most "
-                                    f"{HOST_SCALARS_MAX}): the answer is computed on the host, out of the kernels")
+        if isinstance(work, dict) and isinstance(work.get("host_bytes"), int) and work["host_bytes"] > HOST_BYTES_MAX:
+            return "host_compute", (f"forward read {work['host_scalars']} values ({work['host_bytes']} bytes) into Python on trial "
+                                    f"{case + 1} (at most {HOST_BYTES_MAX} bytes): the answer is computed on the host, out of the kernels")
     return None
 
 

@@ -116,7 +116,7 @@ def test_nudged_or_partial_kernel_work_does_not_pay(evaluator: Evaluator) -> Non
     covers a slice and PyTorch the rest: the work share (per family) and the knockout's measure of
     how much of the output the kernels produce both see it."""
     results = verdicts(evaluator, RELU, {name: kernel_candidate(f, NUDGE_KERNEL) for name, f in PARTIAL.items()})
-    assert_caught(results, "pytorch_fallback", "kernel_share")
+    assert_caught(results, "pytorch_fallback", "kernel_share", "decoy_kernel")  # a launch that changes one value copied the rest
     assert results["a quarter by the kernel"].guard == "kernel_share"  # PyTorch's 75% is under the work share
     assert results["every other row by the kernel"].guard == "kernel_share"
 
@@ -186,7 +186,7 @@ def test_a_kernel_fitted_to_the_input_distribution_fails_the_hidden_ones(evaluat
     forward, inputs, fitted, honest = FITTED[name]
     evaluation = evaluator.evaluate_group(module(forward, inputs), [_elementwise(fitted), _elementwise(honest)], CPU)
     cheat, real = evaluation.verdicts
-    assert evaluation.reference["distributions"] == ["native", "signed", "wide_with_outliers"]
+    assert evaluation.reference["distributions"] == ["signed", "native", "wide_with_outliers"]
     assert not cheat.correct and cheat.status in ("incorrect", "rejected"), cheat.reason
     assert real.correct, real.reason
 
@@ -355,3 +355,52 @@ def test_secrets_the_candidate_reads_never_come_back_in_a_verdict(
         evaluator.close()
     assert not verdict.correct
     assert canary not in verdict.reason and canary not in str(verdict.details), verdict.reason
+
+
+# --- found by attacks on the first version of these guards ---------------------------------------------
+
+# Computes only where uninitialised memory comes back NaN (the replays once; every judged call now),
+# and returns a plain copy of its input (wrong) elsewhere: right in every judged call proves the
+# trials cannot be told from the replays that way.
+TELLS_REPLAYS_APART = ("x = inputs[0]\nout = torch.empty_like(x)\nif bool(torch.isnan(torch.empty(1)).all()):\n"
+                       "    return launch_relu(x, out)\nreturn launch_copy(x, out)")
+EVASIONS = {  # each passed once; the policy allows every one of them
+    "raises when the knockout poisons its sentinel": (
+        "x = inputs[0]\nsentinel = torch.zeros(1)\nlaunch_copy(torch.ones(1), sentinel)\nif float(sentinel[0]) != 1.0:\n"
+        "    raise RuntimeError('tampered')\nout = torch.empty_like(x)\nlaunch_copy(torch.relu(x * 0.5) * 2.0, out)\nreturn out"),
+    "packs the host's share into 64-bit values": (
+        "x = inputs[0]\nflat = x.reshape(-1)\nhead = flat[:2048].contiguous().view(torch.int64)\n"
+        "packed = [int(v) for v in head]\nout = torch.relu(flat)\nout[:2048] = torch.tensor(packed, dtype=torch.int64).view(torch.float32).clamp(min=0)\n"
+        "return launch_copy(out, torch.empty_like(out)).view_as(x)"),
+    "a kernel computes 11% and copies PyTorch's 89%": (
+        "x = inputs[0]\nflat = x.reshape(-1)\ncut = flat.numel() * 89 // 100\nout = torch.empty_like(flat)\n"
+        "out[:cut] = torch.relu(flat[:cut])\nrest = flat[cut:].contiguous()\nout[cut:] = launch_relu(rest, torch.empty_like(rest))\n"
+        "return launch_copy(out, torch.empty_like(out)).view_as(x)"),
+}
+
+
+@pytest.mark.slow  # sandboxed children
+def test_forwards_that_evade_the_first_version_of_the_guards_are_caught(evaluator: Evaluator) -> None:
+    """The trials run under the replays' conditions, a forward that raises on poisoned kernel output is
+    hiding from the knockout, the host's share is counted in bytes, a copy kernel's writes are not the
+    kernels' share of the output."""
+    sources = {name: kernel_candidate(forward) for name, forward in {**EVASIONS, "replays": TELLS_REPLAYS_APART}.items()}
+    assert not any(check_source(source) for source in sources.values())
+    results = verdicts(evaluator, RELU, sources)
+    assert results.pop("replays").correct  # it computed in every judged call: they all look alike
+    assert_caught(results, "knockout_evasion", "host_compute", "kernel_share", "pytorch_fallback", "decoy_kernel")
+    assert results["raises when the knockout poisons its sentinel"].guard == "knockout_evasion"
+    assert results["packs the host's share into 64-bit values"].guard == "host_compute"
+    assert results["a kernel computes 11% and copies PyTorch's 89%"].guard == "kernel_share"
+
+
+@pytest.mark.slow  # sandboxed children
+def test_pytorch_inside_a_launch_hook_is_pytorch_work(evaluator: Evaluator, policy_off: None) -> None:
+    """A Triton launch hook (the policy refuses one) runs inside the counted launch: its PyTorch ops
+    still count as the forward's."""
+    hooked = kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\nHOOK.append((x, out))\nlaunch_copy(x[:1], torch.empty_like(x[:1]))\n"
+                              "return out", COPY_KERNEL + "\nHOOK = []\n\n\ndef fill(*args, **kwargs):\n    for src, dst in HOOK:\n"
+                              "        dst.copy_(torch.relu(src))\n    HOOK.clear()\n\n\ncopy_kernel.add_pre_run_hook(fill)\n")
+    assert check_source(hooked)
+    verdict = verdicts(evaluator, RELU, {"hooked": hooked})["hooked"]
+    assert not verdict.correct and verdict.guard in ("pytorch_fallback", "decoy_kernel"), verdict.reason

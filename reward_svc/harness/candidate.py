@@ -319,7 +319,7 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
     streams = _stream_and_device(spec["device"])
     counter.recorder = recorder
     try:
-        with recorder:
+        with judged_conditions(), recorder:
             out = model(*args)
     finally:
         counter.recorder = None
@@ -374,25 +374,34 @@ def _settle(device: str) -> None:
 
 
 @contextlib.contextmanager
-def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False,
-            provenance_key: int | None = None) -> Iterator[OpRecorder]:
-    """The conditions of the two replays of case 0's values (refresh and knockout): deterministic
-    algorithms, uninitialised memory filled with NaN, and the path forward takes recorded, so the
-    two can be told apart only by the knockout's poison."""
+def judged_conditions() -> Iterator[None]:
+    """What every judged call runs under, trials and replays alike: deterministic algorithms and
+    uninitialised memory filled with NaN. The same for all, so a forward cannot tell the replays
+    from the trials (a NaN-filled ``torch.empty`` would have told it)."""
     import torch.utils.deterministic as deterministic
 
     previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
     torch.use_deterministic_algorithms(True, warn_only=True)
     deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=True)
+        deterministic.fill_uninitialized_memory = previous[1]
+
+
+@contextlib.contextmanager
+def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False,
+            provenance_key: int | None = None) -> Iterator[OpRecorder]:
+    """The two replays of case 0's values (refresh and knockout), under the judged conditions, with
+    the path forward takes recorded, so the two can be told apart only by the knockout's poison."""
     recorder = OpRecorder(provenance_key)
     counter.recorder, counter.knockout = recorder, knockout
     try:
-        with recorder:
+        with judged_conditions(), recorder:
             yield recorder
     finally:
         counter.recorder, counter.knockout = None, False
-        torch.use_deterministic_algorithms(previous[0], warn_only=True)
-        deterministic.fill_uninitialized_memory = previous[1]
         paths[name] = recorder.path
 
 
@@ -417,7 +426,8 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
         _settle(spec["device"])
     check_returned(out, case_args[last])
     if counter.total:
-        observations["pytorch_output"] = recorder.pytorch_source(out)
+        found = recorder.pytorch_source(out)
+        observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
     return out
 
 

@@ -81,7 +81,6 @@ DATA_OPS = frozenset({
     "unique_dim", "diag", "tril", "triu", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
 })
 ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(a, b): pointwise, not reductions
-HOST_SCALARS_MAX = 1024  # values a forward may read into Python (.item(), float(t)) per call: shapes and constants, not the answer
 
 
 def is_compute_op(name: str) -> bool:
@@ -184,8 +183,10 @@ class OpRecorder(TorchDispatchMode):
         self.elements: Counter[str] = Counter()
         self.family_work: Counter[str] = Counter()
         self.host_scalars = 0
+        self.host_bytes = 0
         self.path: list[str] = []
         self._harness_depth = 0
+        self.launch_depth = 0  # inside a custom launch: its tensor plumbing is not the forward's, its compute is
         self.provenance_key = provenance_key
         self.written: set[int] = set()  # storages holding what custom kernels computed
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
@@ -198,15 +199,20 @@ class OpRecorder(TorchDispatchMode):
             if body is not None:
                 with self:  # its body's ops and launches are the forward's own
                     return body(*args, **kwargs)
+            # one of PyTorch's own libraries (mkldnn, quantized, ...): its work, of unknown kind, counts as a contraction
+            self.family_work["contraction"] += sum(t.numel() for t in tensors.tensors_in((args, kwargs)))
             return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         result = func(*args, **kwargs)
+        if self.launch_depth and not is_compute_op(name):
+            return result  # a launch's own tensor plumbing (the interpreter copies its arguments with aten ops)
         if not self._harness_depth:
             inputs = tensors.tensors_in((args, kwargs))
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
             if name == "_local_scalar_dense":
                 self.host_scalars += 1
+                self.host_bytes += sum(t.element_size() for t in inputs)
             if is_compute_op(name):
                 self.path.append(name)
                 self.family_work.update(op_work(name, func._overloadname, inputs, tensors.tensors_in(result)))
@@ -232,21 +238,21 @@ class OpRecorder(TorchDispatchMode):
     def mark_written(self, t: torch.Tensor) -> None:
         self.written.add(_storage(t))
 
-    def pytorch_source(self, output: Any) -> str | None:
+    def pytorch_source(self, output: Any) -> tuple[str, str] | None:
         """How PyTorch, not a custom kernel, made every output tensor, when it did: computed from
         data no custom kernel wrote (``cat`` of PyTorch pieces), or, value for value, some PyTorch
         op's own result (routed past a kernel's output with ``torch.where`` or ``+ out * 0``).
-        None: a custom kernel's result reaches an output."""
+        None: a custom kernel's result reaches an output. Else (kind, how): "untouched" or "copied"."""
         outs = [t for t in tensors.tensors_in(output) if t.layout == torch.strided]
         if not outs:
             return None
         if not any(_storage(t) in self.written for t in outs):
-            return "computed from data no custom kernel wrote"
+            return "untouched", "computed from data no custom kernel wrote"
         outs = [t for t in outs if t.numel() > 1]  # a lone number can match by chance
         with self.harness_work():
             sources = [self.pytorch_outputs.get(self._identity(t)) for t in outs]
         if outs and all(sources):
-            return f"value for value what PyTorch's {', '.join(sorted(set(sources)))} computed from data no custom kernel wrote"
+            return "copied", f"value for value what PyTorch's {', '.join(sorted(set(sources)))} computed from data no custom kernel wrote"
         return None
 
     @contextlib.contextmanager
@@ -263,7 +269,7 @@ class OpRecorder(TorchDispatchMode):
 
     def work(self) -> dict[str, Any]:
         """What one call did, for the judge: compute work per family and values read into Python."""
-        return {"families": dict(self.family_work), "host_scalars": self.host_scalars}
+        return {"families": dict(self.family_work), "host_scalars": self.host_scalars, "host_bytes": self.host_bytes}
 
 
 class LaunchCounter:
@@ -281,18 +287,21 @@ class LaunchCounter:
         return sum(self.launches.values())
 
     def around(self, label: str, call: Callable[[], Any], args: Any, kwargs: Any) -> Any:
-        """Count one launch; in knockout mode, poison every tensor it wrote and returned. A Triton
-        launch runs as harness work for the recorder: the ops inside it are Triton's own (the
-        interpreter copies each argument with aten ops), never the forward's; a ``load_inline``
-        function's ATen calls are the candidate's and stay recorded."""
+        """Count one launch; in knockout mode, poison every tensor it wrote and returned (but copies of
+        its inputs: a copy computes nothing). Inside it, the recorder leaves out tensor plumbing (the
+        Triton interpreter copies each argument with aten ops) and counts compute ops: a launch hook,
+        a ``load_inline`` function's ATen calls are the forward's own work."""
         self.launches[label] += 1
         recorder = self.recorder
-        if recorder is not None and label.startswith("triton:"):
+        if recorder is not None:
             inner = call
 
             def call() -> Any:
-                with recorder.harness_work():
+                recorder.launch_depth += 1
+                try:
                     return inner()
+                finally:
+                    recorder.launch_depth -= 1
 
         if recorder is not None:
             recorder.path.append(f"launch:{label}")
@@ -314,7 +323,7 @@ class LaunchCounter:
         result = self._call(label, call)
         with harness_work():
             _synchronize()
-            written = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old)]
+            written = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old) and not _copied(t, before)]
             kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
             if kept:
                 for t, _ in kept:
@@ -327,7 +336,7 @@ class LaunchCounter:
                         t.copy_(old)  # only read: as it was
                     else:
                         written.append(t)
-            for t in written + tensors.tensors_in(result):
+            for t in written + [t for t in tensors.tensors_in(result) if not _copied(t, before)]:
                 tensors.poison_(t)
                 self.poisoned += 1
         return result
@@ -412,6 +421,23 @@ def launch_tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
         if isinstance(base, torch.Tensor):
             found.append(base)
     return found
+
+
+COPY_SHARE = 0.99  # a launch's result this much bit for bit one of its inputs, place for place, is a copy
+
+
+def _copied(t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
+    """Whether ``t`` holds (nearly all of) another launch argument's values in the same places: a copy
+    kernel computes nothing, so the knockout leaves what it wrote alone and the kernels' share of the
+    output shows it."""
+    flat = t.detach().reshape(-1)
+    for source in sources:
+        if source.numel() == t.numel() and source.dtype == t.dtype and source.data_ptr() != t.data_ptr() and t.numel():
+            other = source.detach().reshape(-1)
+            same = (flat == other) | (torch.isnan(flat) & torch.isnan(other)) if flat.is_floating_point() else flat == other
+            if float(same.float().mean()) >= COPY_SHARE:
+                return True
+    return False
 
 
 def forged_pointers(args: Any, kwargs: Any) -> str | None:
@@ -522,7 +548,7 @@ class IntegritySnapshot:
 AUDIT_REFUSED_PREFIXES = ("socket.", "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlproc", "winreg.", "msvcrt.")
 AUDIT_REFUSED = frozenset({
     "sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions", "gc.get_objects",
-    "gc.get_referrers", "gc.get_referents", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "gc.get_referrers", "gc.get_referents", "os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
     "os.kill", "os.killpg", "pty.spawn", "sys.addaudithook", "cpython.PyInterpreterState_Clear", "os.chmod", "os.chown",
 })
 FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
@@ -532,6 +558,23 @@ FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir
 TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "cudafe++", "cicc", "fatbinary",
                        "nvlink", "nvdisasm", "cuobjdump", "ldconfig", "ldconfig.real", "which", "uname", "as", "ar", "clang", "clang++"})
 TOOLCHAIN_PREFIXES = ("ptxas", "gcc-", "g++-", "clang-", "x86_64-linux-gnu-")
+
+
+SHELLS = frozenset({"bash", "sh", "dash"})
+BUILD_CODE = ("reward_svc/nvcc_phases.py", "reward_svc/compile.py")  # run nvcc's plan through a shell
+
+
+def _spawned_by_the_build() -> bool:
+    """Whether a process is being started by the harness's own compile path (nvcc's phases run as
+    shell steps there), not by anything else in the child."""
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(BUILD_CODE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]:
@@ -560,9 +603,11 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
             return
         if event in AUDIT_REFUSED or event.startswith(AUDIT_REFUSED_PREFIXES):
             refuse(event, repr(args)[:200])
-        elif event == "subprocess.Popen":
+        elif event in ("subprocess.Popen", "os.posix_spawn"):
             executable = os.path.basename(os.fsdecode(args[0] if args[0] else (args[1] or [""])[0]))
-            if executable not in TOOLCHAIN and not executable.startswith(TOOLCHAIN_PREFIXES):
+            allowed = executable in TOOLCHAIN or executable.startswith(TOOLCHAIN_PREFIXES) or (
+                executable in SHELLS and _spawned_by_the_build())
+            if not allowed:
                 refuse(event, executable)
         elif event in FILE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)) and writes(event, args):
             path = os.path.realpath(os.fsdecode(args[0]))

@@ -46,8 +46,12 @@ DENIED_IDENTIFIERS = frozenset({
     "Dispatcher", "globalContext", "setCurrentCUDAStream", "cudaSetDevice", "cudaDeviceReset", "cudaIpcOpenMemHandle",
     "cudaHostRegister", "cudaMallocManaged", "cuLaunchKernel", "cuModuleLoad", "cuModuleLoadData", "cudaLaunchHostFunc",
     "cudaStreamAddCallback", "__attribute__", "environ", "__environ", "sbrk", "dup2", "ioctl", "process_vm_writev",
-    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64",
+    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64", "import", "Library", "DispatchKey",
+    "RegisterOperators", "OperatorHandle", "pickle_save", "pickle_load", "jit", "PyObject", "reinterpret_borrow",
+    "reinterpret_steal",
 })
+# Members of torch's C++ API that do I/O, called on a namespace (torch::save, torch::from_file).
+NAMESPACE_DENIED = frozenset({"save", "load", "from_file", "pickle_save", "pickle_load"})
 # Common words that are also system calls: refused as a call or a function value (``open(``,
 # ``::open``, ``&open``), fine as a member (``pipe.producer_acquire()``, ``.read(``) or a variable.
 CALL_DENIED = frozenset({
@@ -122,6 +126,10 @@ def check_source(source: str, *, device_code: bool) -> str | None:
         if token in CALL_DENIED and before not in (".", "->") and (
                 after == "(" or before in ("::", "&") or (before in ("(", ",", "=") and after in (",", ")", ";"))):
             return f"calls {token}, which reaches the operating system"
+        if token in NAMESPACE_DENIED and before == "::":
+            return f"uses ::{token}, which reads or writes files"
+        if token == "attr" and before == "." and after == "(":
+            return "uses .attr(): a kernel reaches no Python object's attributes"
         if token.startswith(DENIED_PREFIXES) and token not in ALLOWED_MACROS_WITH_PREFIX:
             return f"uses {token}: the Python C API leads back into the harness's interpreter"
         if token == "py" and after == "::" and i + 2 < len(tokens) and tokens[i + 2] not in ALLOWED_PY_MEMBERS:

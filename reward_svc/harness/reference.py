@@ -2,10 +2,10 @@
 
 Inputs come from a per-request secret seed that only this process sees; weights come from
 per-trial weight seeds that the candidate's process reuses, so ``Model`` and ``ModelNew`` hold the
-same parameters. Case 0 keeps ``get_inputs()``'s own distribution; the later cases redraw its
-floating inputs from hidden ones (``HIDDEN_DISTRIBUTIONS``: signed, then wider with outliers) where
-the reference stays finite on them, so a kernel fitted to ``torch.rand``'s [0, 1) (a ReLU skipped,
-an exp replaced by a short polynomial) fails. Inputs go to the exchange directory (the candidate gets a copy); the expected
+same parameters. The cases draw ``get_inputs()``'s floating inputs from hidden distributions too
+(``CASE_DISTRIBUTIONS``: signed, its own, wider with outliers) where the reference stays finite on
+them, so a kernel fitted to ``torch.rand``'s [0, 1) (a ReLU skipped, an exp replaced by a short
+polynomial) fails. Inputs go to the exchange directory (the candidate gets a copy); the expected
 outputs stay in this child's work directory, read only by the judge. Only GPU work (drawing the
 inputs there, running the model) holds the device lock; writing files does not.
 """
@@ -124,18 +124,19 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     return result
 
 
-# Per case after the first: how its floating inputs are redrawn, each scaled to the root mean square
-# of what get_inputs() drew (its scale, whatever its distribution): signed normal values, then four
-# times wider with a thousandth of them ten times larger again.
-HIDDEN_DISTRIBUTIONS = ("signed", "wide_with_outliers")
+# Per case: how its floating inputs are drawn, each redrawn one scaled to the root mean square of what
+# get_inputs() drew (its scale, whatever its distribution): signed normal values, get_inputs()' own, then
+# four times wider with a thousandth of them ten times larger again. Case 0, the one the refresh and
+# knockout replays repeat, is signed: there a ReLU of [0, 1) inputs is not a copy of them.
+CASE_DISTRIBUTIONS = ("signed", "native", "wide_with_outliers")
 OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
 
 
 def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str) -> tuple[list[Any], Any, Any, OpRecorder, str]:
     """The case's inputs, their device copy, the output and the op record: on the case's hidden
     distribution where the reference gives a finite output on it, else on get_inputs()'s own."""
-    if case:
-        distribution = HIDDEN_DISTRIBUTIONS[(case - 1) % len(HIDDEN_DISTRIBUTIONS)]
+    distribution = CASE_DISTRIBUTIONS[case % len(CASE_DISTRIBUTIONS)]
+    if distribution != "native":
         hidden = tensors.map_tensors(inputs, functools.partial(_redraw, distribution=distribution))
         try:
             args = tensors.to_device(hidden, device)
