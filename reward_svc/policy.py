@@ -86,11 +86,12 @@ DENIED_OBJECTS = {
     "forbidden_call": (
         "torch.load", "torch.save", "torch.from_file", "torch.from_numpy", "torch.frombuffer", "torch.from_dlpack",
         "torch.utils.cpp_extension.load", "torch.compile", "torch.cuda.cudart", "torch.cuda.caching_allocator_alloc",
-        "torch.get_device_module",
+        "torch.get_device_module", "torch.asarray",  # asarray shares the memory of a Python buffer: compute out of sight
+        "torch.import_ir_module", "torch.parse_ir", "torch.parse_schema", "torch.merge_type_from_type_comment",
         "torch.cuda.caching_allocator_delete", "torch.cuda.jiterator",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
-        "operator.attrgetter", "operator.methodcaller", "functools.update_wrapper", "functools.singledispatch",
+        "operator.attrgetter", "operator.methodcaller", "functools.update_wrapper", "functools.wraps", "functools.singledispatch",
         "functools.singledispatchmethod", "typing.get_type_hints", "typing.ForwardRef", "typing.NamedTuple",
         "typing.TypedDict", "dataclasses.make_dataclass",
     ),
@@ -100,10 +101,12 @@ DENIED_OBJECTS = {
         "torch.get_deterministic_debug_mode", "torch.set_default_tensor_type", "torch.set_default_device",
         "torch.cuda.set_stream", "torch.cuda.set_device",
     ),
-    "precision_downgrade": ("torch.set_default_dtype", "torch.set_flush_denormal"),
+    "precision_downgrade": ("torch.set_default_dtype", "torch.set_flush_denormal", "torch.autocast", "torch.set_autocast_enabled",
+                            "torch.set_autocast_gpu_dtype", "torch.set_autocast_dtype", "torch.set_autocast_cpu_dtype",
+                            "torch.set_autocast_cpu_enabled", "torch.set_autocast_cache_enabled", "torch.cuda.amp"),
 }
 ALLOWED_BUILTINS = frozenset({
-    "abs", "all", "any", "ascii", "bin", "bool", "bytearray", "bytes", "callable", "chr", "classmethod", "complex", "dict",
+    "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr", "classmethod", "complex", "dict",
     "divmod", "enumerate", "filter", "float", "format", "frozenset", "hasattr", "hash", "hex", "id", "int", "isinstance",
     "issubclass", "iter", "len", "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "print", "property",
     "range", "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "zip",
@@ -126,6 +129,8 @@ VALUE_ATTRIBUTES_DENIED = frozenset({
     # switch, and launch hooks (they would run inside a counted launch)
     "import_module", "load_library", "load_module", "exec_module", "find_spec", "find_module", "loader",
     "get_device_module", "get_device_interface", "set_active", "reset_active", "add_pre_run_hook", "pre_run_hooks",
+    # a Triton kernel's globals, its binder and loader, and nn.Module.compile (torch.compile by another name)
+    "get_capture_scope", "create_binder", "preload", "compile",
     # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
     "sys", "os", "builtins", "importlib", "traceback", "inspect", "types", "ctypes", "subprocess", "gc", "threading",
     "linecache", "pickle", "marshal", "socket", "shutil", "tempfile", "pathlib", "weakref", "atexit", "signal", "platform",
@@ -231,7 +236,7 @@ class _Checker(ast.NodeVisitor):
         self.violations: list[PolicyViolation] = []
         self.aliases: dict[str, Any] = {}  # names import statements bound, to what they reached
         self.bound = _bound_names(tree)
-        self.own_private = _own_private_attributes(tree)
+        self.own_private = _own_private_attributes(tree, self.bound)
         self.instance_methods = _instance_methods(tree)  # class name -> its methods that take self
         self.op_namespaces = _registered_namespaces(tree)
         self._in_jit = 0
@@ -248,7 +253,7 @@ class _Checker(ast.NodeVisitor):
             if self._check_import(alias.name, node):
                 local = alias.asname or alias.name.split(".")[0]
                 target = alias.name if alias.asname else alias.name.split(".")[0]
-                self.aliases[local] = _import_allowed(target)
+                self._bind_alias(local, _import_allowed(target), node)
                 _import_allowed(alias.name)  # binds the submodule on its parent, as the import statement does
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -265,7 +270,16 @@ class _Checker(ast.NodeVisitor):
                 continue
             obj = self._step(parent, module, alias.name, node)
             if obj is not None:
-                self.aliases[alias.asname or alias.name] = obj
+                self._bind_alias(alias.asname or alias.name, obj, node)
+
+    def _bind_alias(self, local: str, obj: Any, node: ast.AST) -> None:
+        """An imported name: never a refused builtin's, and one target wherever it is imported (names are
+        not told apart by scope, so a second import as ``os`` of another module would change every ``os``)."""
+        if local in UNBINDABLE or _is_dunder(local):
+            self.flag("forbidden_call", node, f"imports something as '{local}', a builtin's name")
+        elif local in self.aliases and self.aliases[local] is not obj:
+            self.flag("harness_tampering", node, f"imports another object as '{local}': chains from it could not be followed")
+        self.aliases[local] = obj
 
     def _check_import(self, name: str, node: ast.AST) -> bool:
         if name in ALLOWED_MODULES:
@@ -428,6 +442,10 @@ class _Checker(ast.NodeVisitor):
         if denied is not None:
             self.flag(denied[0], node, f"uses {dotted} ({denied[1]}), which a kernel may not use")
             return False
+        if type(value).__name__ == "pybind11_type":
+            self.flag("harness_tampering", node, f"uses {dotted}: a class of torch's JIT, dispatcher or serializer, which a "
+                      "kernel does not need")
+            return False
         package = _defining_package(value)
         if package is not None and package not in ALLOWED_PACKAGES:
             self.flag("forbidden_import", node, f"reaches {dotted}, which comes from '{package}', past the import allow-list")
@@ -585,9 +603,6 @@ class _Checker(ast.NodeVisitor):
             self.flag("precision_downgrade", node, f"calls {dotted}(), lowering the precision of the computation")
         if reached is not None and _qualified(reached) in TORCH_LIBRARY_REGISTRARS and node.args:
             self._check_op_name(node.args[0], node)
-        if reached is not None and _qualified(reached) == "functools.wraps" and (len(node.args) > 1 or node.keywords):
-            self.flag("forbidden_call", node, "functools.wraps() with attribute names of its own: it reads and writes "
-                      "attributes named by strings")
         is_hasattr = isinstance(func, ast.Name) and func.id == "hasattr" and func.id not in self.bound
         for i, arg in enumerate(node.args):
             self._operand(arg) if is_hasattr and i == 0 else self.visit(arg)
@@ -785,17 +800,10 @@ def _public_prefix(name: ast.expr) -> bool:
     return bool(prefix) and prefix[0].isalpha()
 
 
-def _own_private_attributes(tree: ast.Module) -> set[str]:
-    """Single-underscore names the source itself gives its objects: ``self._x = ...`` or ``def _helper``."""
-    own: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
-            own.add(node.attr)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            own.add(node.name)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            own.add(node.id)
-    return {name for name in own if name.startswith("_") and not _is_dunder(name)}
+def _own_private_attributes(tree: ast.Module, bound: set[str]) -> set[str]:
+    """Single-underscore names the source itself gives its objects: ``self._x = ...``, ``def _helper``."""
+    stored = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load)}
+    return {name for name in bound | stored if name.startswith("_") and not _is_dunder(name)}
 
 
 def _mark_false_stores(tree: ast.Module) -> None:

@@ -20,6 +20,7 @@ ESCAPES = {
     "operator.attrgetter": "import operator, torch\nsys = operator.attrgetter('sys')(torch)",
     "functools.update_wrapper": "import functools\nclass S:\n    pass\ndef f(o):\n    functools.update_wrapper(S(), o, assigned=('gi_frame',))",
     "functools.wraps with names": "import functools\ndef f(o):\n    return functools.wraps(o, assigned=('gi_frame',))",
+    "functools.wraps": "import functools\ndef f(o, g):\n    return functools.wraps(o)(g)",
     "singledispatch evaluates annotations": "import functools\n@functools.singledispatch\ndef f(x):\n    return x",
     "make_dataclass carries strings": "import dataclasses\nH = dataclasses.make_dataclass('H', [('x', '__import__(\"os\")')])",
     "get_type_hints": "import typing\ndef f(x: int):\n    pass\nH = typing.get_type_hints(f)",
@@ -89,8 +90,7 @@ ALLOWED = {
     "autotune": "import triton\nimport triton.language as tl\n@triton.autotune(configs=[triton.Config({'B': 64}), triton.Config({'B': 128})], "
                 "key=['n'])\n@triton.jit\ndef k(x, n, B: tl.constexpr):\n    pid = tl.program_id(0)\n",
     "functools and operator": "import functools, operator\n@functools.lru_cache(None)\ndef f(n):\n    return n\n"
-                              "X = functools.reduce(operator.mul, [1, 2])\ndef deco(g):\n    @functools.wraps(g)\n    def w(*a):\n"
-                              "        return g(*a)\n    return w",
+                              "X = functools.reduce(operator.mul, [1, 2])\nP = functools.partial(operator.add, 1)",
     "tensor descriptor": "from triton.tools.tensor_descriptor import TensorDescriptor",
     "an unknown torch name (fails at run time, not here)": "import torch\nY = torch.kz_no_such_function",
     "cudnn benchmark, full precision": "import torch\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cuda.matmul.allow_tf32 = False",
@@ -161,3 +161,37 @@ def test_native_sources_that_reach_the_os_or_the_interpreter_are_refused() -> No
     assert check_native_sources("", None, extra_cflags=["-Wl,--wrap=main"])  # the linker runs what it is told
     assert check_native_sources("", None, extra_cuda_cflags=["-Xcompiler", "-fplugin=/tmp/p.so"])
     assert check_native_sources("", None, extra_ldflags=["-lcublas"]) is None
+
+
+
+# Found by a third attack on the allow-list: each passed it once.
+THIRD_ROUND = {
+    "a Triton kernel's globals": "import triton\n@triton.jit\ndef k(x):\n    pass\nG = k.get_capture_scope()['__builtins__']",
+    "an import named like a builtin": "def unused():\n    from math import sqrt as eval\nX = eval('1')",
+    "a second import under an alias": "import os\ndef f():\n    import torch as os\nos.system('true')",
+    "torch's serializer classes": "import torch\nW = torch.PyTorchFileWriter('/tmp/x')",
+    "TorchScript from a string": "import torch\nC = torch.CompilationUnit('def f(x):\\n    return x')",
+    "nn.Module.compile": "import torch\nclass M(torch.nn.Module):\n    def go(self):\n        return self.compile()",
+    "functools.wraps onto a foreign object": "import functools, triton\nclass S:\n    pass\nfunctools.wraps(S)(triton.runtime.driver)",
+    "a tensor over a Python buffer": "import torch\nB = bytearray(16)\nT = torch.asarray(B, dtype=torch.float32)",
+    "the Python dispatch key excluded": "import torch\nG = torch.ExcludeDispatchKeyGuard(torch.DispatchKeySet(torch.DispatchKey.Python))",
+    "forward on a C++ thread": "import torch\nB = torch.ThroughputBenchmark",
+    "autocast": "import torch\ndef f(x):\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        return x @ x",
+}
+THIRD_ROUND_NATIVE = {
+    "a function pointer by brace initialisation": "void f() { int (*run)(const char*){system}; run(\"id\"); }",
+    "a libc function declared by the source": 'extern "C" int creat64(const char*, int);\nvoid f() { creat64("x", 0644); }',
+    "pybind11's namespace aliased": "namespace q = py;\nvoid f() { q::globals(); }",
+    "pybind11's namespace opened": "using namespace pybind11;\nvoid f() { globals(); }",
+}
+
+
+@pytest.mark.parametrize("name", sorted(THIRD_ROUND))
+def test_third_round_routes_are_refused(name: str) -> None:
+    assert check_source(THIRD_ROUND[name]), f"{name} passed the policy"
+
+
+def test_third_round_native_routes_are_refused() -> None:
+    passed = [name for name, source in THIRD_ROUND_NATIVE.items() if check_native_sources("", source) is None]
+    assert passed == []
+    assert check_native_sources("", 'extern "C" __global__ void k(float* x) { x[0] = 0; }') is None  # an extern "C" kernel

@@ -270,3 +270,14 @@ def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(tmp
     compare_files.expect(result["output_fingerprints"])
     planted = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
     assert planted.guard == "output_tampering" and "missing or unreadable" in planted.reason, planted.reason
+
+
+def test_the_timing_check_runs_on_a_case_with_the_timed_models_weights() -> None:
+    """Case k is built with weight seed k mod 2: after timing on case 0's model, the check call's case
+    must have those weights too (case 2), or its expected output is another model's."""
+    from reward_svc.harness.candidate import check_position
+
+    assert check_position([0, 1, 2], 2) == 2
+    assert check_position([0, 1], 2) == 1  # no other case with case 0's weights: the next, with its own model
+    assert check_position([0, 2], 2) == 1
+    assert check_position([0], 2) == 0

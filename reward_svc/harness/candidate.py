@@ -236,7 +236,8 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
                               "output_fingerprints": outputs.fingerprints}
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
         try:
-            result["timing"] = _time_candidate(models[spec["weight_seeds"][0]], spec, exchange, counter, outputs, phases, lock)
+            result["timing"] = _time_candidate(lambda case: _model_for(module, models, spec, exchange, case), spec, exchange, counter,
+                                               outputs, phases, lock)
         except Rejection as rejection:
             return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
         except Exception as exc:
@@ -255,15 +256,18 @@ def _check_integrity(snapshot: IntegritySnapshot, observations: dict[str, Any]) 
             observations["replaced_functions"] = replaced
 
 
-def _time_candidate(model: torch.nn.Module, spec: dict[str, Any], exchange: Path, counter: LaunchCounter, outputs: TrialOutputs,
-                    phases: Phases, lock: Any) -> dict[str, Any]:
+def _time_candidate(model_for: Callable[[int], torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter,
+                    outputs: TrialOutputs, phases: Phases, lock: Any) -> dict[str, Any]:
     """Timing on inputs whose values change from call to call (the correctness cases' values, written
     into the same tensors in turn: a result cached on the tensors' identity is stale), with the
     custom launches of the timed calls counted, then one more call on another case's values whose
-    output the judge holds to that case's answer (``output_timed_<case>``)."""
+    output the judge holds to that case's answer (``output_timed_<case>``). The timed model holds
+    case 0's weights; the check runs on a case with the same weights where there is one."""
     from reward_svc.harness.timing import time_gpu
 
     rotation = timing_rotation(exchange, spec["trials"])
+    model = model_for(rotation[0])
+    position = check_position(rotation, len(spec["weight_seeds"]))
     with phases.on_device(lock, "timing_setup"):  # the copies to the device: shared, as the reference's
         sets = [_case_inputs(spec, exchange, case) for case in rotation]
         args = tensors.clone(sets[0])
@@ -283,16 +287,23 @@ def _time_candidate(model: torch.nn.Module, spec: dict[str, Any], exchange: Path
         timing = time_gpu(timed_call, prepare=prepare, budget_s=spec.get("timing_budget_s", 10.0))
         timing["launches_per_call"] = (counter.total - before) / max(1, timing["calls"])
         # Checked on values neither the first nor the last timed call had (a result remembered from
-        # either is stale): the first values once more, then the next case's.
+        # either is stale): the first values once more, then another case's.
         prepare(0)
         timed_call()
-        check = 1 % len(sets)
-        prepare(check)
-        timed_call()
-        taken = outputs.take(f"output_timed_{rotation[check]}", latest[0])
+        prepare(position)
+        checked = model_for(rotation[position])(*args)
+        taken = outputs.take(f"output_timed_{rotation[position]}", checked)
+        del checked
     latest[0] = None
     outputs.write(taken)
     return timing
+
+
+def check_position(rotation: list[int], weight_seeds: int) -> int:
+    """Where in the timing rotation the check call's case is: another case whose weights are the timed
+    model's (case k is built with weight seed k mod their number), else the next one (with its own)."""
+    same = [i for i, case in enumerate(rotation) if i and case % weight_seeds == rotation[0] % weight_seeds]
+    return same[0] if same else 1 % len(rotation)
 
 
 def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
@@ -448,6 +459,7 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
         observations["knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
         return SKIPPED
     check_returned(out, args)
+    observations["knockout_copies"] = counter.copies
     return out
 
 

@@ -278,6 +278,7 @@ class LaunchCounter:
         self.failures: Counter[str] = Counter()
         self.knockout = False
         self.poisoned = 0
+        self.copies = 0  # writes the knockout left alone: copies of a launch's inputs
         self.recorder: OpRecorder | None = None  # while set, launches join its path
         self.forged: list[str] = []  # launches refused for an argument posing as a tensor
         self.refused_sources: list[str] = []  # load_inline calls harness/native_policy.py refused
@@ -323,7 +324,9 @@ class LaunchCounter:
         result = self._call(label, call)
         with harness_work():
             _synchronize()
-            written = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old) and not _copied(t, before)]
+            changed = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old)]
+            written = [t for t in changed if not _copied(t, before)]
+            self.copies += len(changed) - len(written)
             kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
             if kept:
                 for t, _ in kept:
@@ -336,7 +339,10 @@ class LaunchCounter:
                         t.copy_(old)  # only read: as it was
                     else:
                         written.append(t)
-            for t in written + [t for t in tensors.tensors_in(result) if not _copied(t, before)]:
+            returned = tensors.tensors_in(result)
+            computed = [t for t in returned if not _copied(t, before)]
+            self.copies += len(returned) - len(computed)
+            for t in written + computed:
                 tensors.poison_(t)
                 self.poisoned += 1
         return result

@@ -46,19 +46,22 @@ DENIED_IDENTIFIERS = frozenset({
     "Dispatcher", "globalContext", "setCurrentCUDAStream", "cudaSetDevice", "cudaDeviceReset", "cudaIpcOpenMemHandle",
     "cudaHostRegister", "cudaMallocManaged", "cuLaunchKernel", "cuModuleLoad", "cuModuleLoadData", "cudaLaunchHostFunc",
     "cudaStreamAddCallback", "__attribute__", "environ", "__environ", "sbrk", "dup2", "ioctl", "process_vm_writev",
-    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64", "import", "Library", "DispatchKey",
+    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64", "import", "Library", "DispatchKey", "creat64", "openat64",
+    "dprintf", "vdprintf", "tmpfile", "tmpfile64", "mkstemp", "mkstemps", "mkdtemp", "tmpnam", "tempnam", "popen2",
+    "execveat", "fexecve", "system_category", "namespace_alias",
     "RegisterOperators", "OperatorHandle", "pickle_save", "pickle_load", "jit", "PyObject", "reinterpret_borrow",
     "reinterpret_steal",
 })
 # Members of torch's C++ API that do I/O, called on a namespace (torch::save, torch::from_file).
 NAMESPACE_DENIED = frozenset({"save", "load", "from_file", "pickle_save", "pickle_load"})
-# Common words that are also system calls: refused as a call or a function value (``open(``,
-# ``::open``, ``&open``), fine as a member (``pipe.producer_acquire()``, ``.read(``) or a variable.
+# Names of system calls: refused everywhere but as a member (``pipe.producer_acquire()``, ``.read(``);
+# those in NAME_LIKE are common variable names too, refused as a call or a function value only.
 CALL_DENIED = frozenset({
     "open", "remove", "rename", "unlink", "mkdir", "rmdir", "chmod", "chown", "truncate", "link", "write", "read", "system",
     "fork", "clone", "kill", "raise", "signal", "socket", "connect", "bind", "listen", "accept", "send", "recv", "thread",
     "async", "exit", "abort", "dup", "pipe", "brk", "close", "fwrite", "fread", "fprintf", "fputs", "puts", "getchar",
 })
+NAME_LIKE = frozenset({"thread", "pipe", "read", "write", "async", "close", "link", "signal"})
 # pybind11's `py::` namespace is needed only to name arguments in a PYBIND11_MODULE of the source's own.
 ALLOWED_PY_MEMBERS = frozenset({"arg", "return_value_policy", "call_guard", "gil_scoped_release", "kw_only", "pos_only"})
 DENIED_PREFIXES = ("Py", "_Py")  # the CPython API: a way back into the harness's interpreter
@@ -70,7 +73,7 @@ ALLOWED_FLAG = re.compile(
     r"|-w|-W(?!l,)[\w=-]+|-fPIC|-funroll-loops|-march=[\w-]+|-mtune=[\w-]+|-fopenmp|-l(cuda|cudart|cublas|cublasLt)|--extended-lambda"
     r"|-DNDEBUG|-g|-G|--restrict|-Xcompiler=-O[0-3]|-Xcompiler=-fPIC)"
 )
-_TOKEN = re.compile(r"[A-Za-z_]\w*|::|##|->|[#{};(.&=,)]")
+_TOKEN = re.compile(r'[A-Za-z_]\w*|::|##|->|""|[#{};(.&=,)}]')
 
 
 def check_native_sources(*args: Any, **kwargs: Any) -> str | None:
@@ -123,9 +126,15 @@ def check_source(source: str, *, device_code: bool) -> str | None:
             return "pastes tokens (##): every identifier must be visible to the check"
         if token in DENIED_IDENTIFIERS:
             return f"uses {token}, which reaches the operating system, the interpreter or the dispatcher"
-        if token in CALL_DENIED and before not in (".", "->") and (
-                after == "(" or before in ("::", "&") or (before in ("(", ",", "=") and after in (",", ")", ";"))):
-            return f"calls {token}, which reaches the operating system"
+        if token in CALL_DENIED and before not in (".", "->") and (token not in NAME_LIKE or after == "(" or before in (
+                "::", "&", "{") or (before in ("(", ",", "=") and after in (",", ")", ";", "}"))):
+            return f"uses {token}, which reaches the operating system"
+        if token == "namespace" and before == "using" and after in ("py", "pybind11"):
+            return f"uses namespace {after}: of pybind11 a kernel needs only py::arg"
+        if token == "extern" and after == '""' and not {"__global__", "__device__"} & set(tokens[i + 2:i + 6]):
+            return 'declares an extern "C" function that is no kernel: declarations of C functions reach the system'
+        if token == "namespace" and i + 2 < len(tokens) and tokens[i + 2] == "=":
+            return "aliases a namespace: every name must be visible to the check"
         if token in NAMESPACE_DENIED and before == "::":
             return f"uses ::{token}, which reads or writes files"
         if token == "attr" and before == "." and after == "(":
