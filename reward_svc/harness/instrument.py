@@ -329,11 +329,16 @@ class LaunchCounter:
             self.copies += len(changed) - len(written)
             kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
             if kept:
+                # the second launch may write into the tensors the first one changed (a copy's destination,
+                # from its poisoned source): they get back what the first launch left in them
+                first = [(t, t.clone()) for t in changed]
                 for t, _ in kept:
                     tensors.poison_(t)
                 poisoned = [t.clone() for t, _ in kept]
                 call()
                 _synchronize()
+                for t, after in first:
+                    t.copy_(after)
                 for (t, old), poison in zip(kept, poisoned):
                     if tensors.same_bits(t, poison):
                         t.copy_(old)  # only read: as it was
