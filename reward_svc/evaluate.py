@@ -24,7 +24,6 @@ from services.sandbox import SandboxResult
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
 from reward_svc.harness.loading import gpu_lock
-from reward_svc.harness.report import AUDIT_LOG
 from reward_svc.policy import check_source
 from reward_svc.redact import Redactor
 from reward_svc.sandbox import Child, ChildPool, Layout, PoolClosed
@@ -224,6 +223,7 @@ class Evaluator:
                 "compile_cache": str(build), "compile_cache_readonly": cached is not None,
                 "time": options.measure_speed and device == "cuda", "timing_budget_s": options.timing_budget_s,
                 "fingerprint_key": fingerprint_key, "outputs_in_flight": OUTPUTS_IN_FLIGHT,
+                "copies_are_work": bool(ref_result.get("copying_ops")),
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"))
@@ -239,7 +239,7 @@ class Evaluator:
                                details=details)
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
-            verdict = judge(ref_result, result, files, compare_files, audit=_audit_lines(child.workdir))
+            verdict = judge(ref_result, result, files, compare_files, audit=[line for line in child.audit.splitlines() if line.strip()])
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
@@ -254,19 +254,6 @@ class Evaluator:
             return verdict
         finally:
             child.discard()
-
-
-AUDIT_LOG_MAX_BYTES = 64 << 10
-
-
-def _audit_lines(workdir: Path) -> list[str]:
-    """What the child's audit hook refused (harness/instrument.install_audit_hook), from its log."""
-    try:
-        with open(workdir / AUDIT_LOG, "rb") as log:
-            text = log.read(AUDIT_LOG_MAX_BYTES).decode(errors="replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if line.strip()]
 
 
 def _release_device_memory(device: str) -> None:

@@ -89,6 +89,11 @@ DENIED_OBJECTS = {
         "torch.get_device_module", "torch.asarray",  # asarray shares the memory of a Python buffer: compute out of sight
         "torch.import_ir_module", "torch.parse_ir", "torch.parse_schema", "torch.merge_type_from_type_comment",
         "torch.cuda.caching_allocator_delete", "torch.cuda.jiterator",
+        # a pluggable allocator loads a shared library by path; storages share the memory of a Python buffer;
+        # triton.compile builds kernels whose launches bypass JITFunction.run (uncounted, never poisoned)
+        "torch.cuda.CUDAPluggableAllocator", "torch.cuda.memory.CUDAPluggableAllocator", "torch.cuda.change_current_allocator",
+        "torch.cuda.memory.change_current_allocator", "torch.UntypedStorage", "torch.TypedStorage", "torch.storage",
+        "triton.compile", "torch.autograd.handle_torch_function",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
         "operator.attrgetter", "operator.methodcaller", "functools.update_wrapper", "functools.wraps", "functools.singledispatch",
@@ -131,6 +136,9 @@ VALUE_ATTRIBUTES_DENIED = frozenset({
     "get_device_module", "get_device_interface", "set_active", "reset_active", "add_pre_run_hook", "pre_run_hooks",
     # a Triton kernel's globals, its binder and loader, and nn.Module.compile (torch.compile by another name)
     "get_capture_scope", "create_binder", "preload", "compile",
+    # a custom op's kernel for one device (it would run only where the recorder does not: the timed calls),
+    # its own dispatch rule (it would see the harness's recorder)
+    "register_kernel", "register_torch_dispatch",
     # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
     "sys", "os", "builtins", "importlib", "traceback", "inspect", "types", "ctypes", "subprocess", "gc", "threading",
     "linecache", "pickle", "marshal", "socket", "shutil", "tempfile", "pathlib", "weakref", "atexit", "signal", "platform",
@@ -139,6 +147,7 @@ VALUE_ATTRIBUTES_DENIED = frozenset({
     "numpy", "tolist", "apply_", "map_", "map2_", "storage", "untyped_storage", "share_memory_", "share_memory", "tofile",
     "fromfile", "from_file", "dump", "dumps", "ctypes",
 })
+FORMATTERS = ("format", "format_map")  # str methods that read attributes named in a string
 SETTABLE_TORCH_FLAGS = frozenset({"torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic"})
 PRECISION_SETTERS = frozenset({"set_float32_matmul_precision", "allow_tf32", "allow_fp16_reduced_precision_reduction",
                                "allow_bf16_reduced_precision_reduction"})
@@ -349,7 +358,7 @@ class _Checker(ast.NodeVisitor):
     def _chain(self, node: ast.Attribute, *, store: bool = False, as_value: bool = True) -> Any:
         """Check the whole dotted chain ending at ``node`` once; return what it reaches where a module chain resolves."""
         attrs, base = _split_chain(node)
-        if as_value and attrs[-1] in ("format", "format_map"):
+        if as_value and attrs[-1] in FORMATTERS:
             self.flag("forbidden_call", node, f".{attrs[-1]} taken as a value: its fields would read attributes unchecked")
         if (isinstance(base, ast.Name) and base.id in self.instance_methods and attrs[0] in self.instance_methods[base.id]
                 and not getattr(node, "kz_init_on_self", False)):
@@ -541,7 +550,9 @@ class _Checker(ast.NodeVisitor):
             self.visit(node.value)
 
     def _annotation(self, node: ast.expr) -> None:
-        """A string annotation is code that ``typing.get_type_hints`` and kin evaluate: checked as code."""
+        """An annotation is code, and so is every string inside it: ``typing.get_type_hints`` and kin
+        evaluate a string annotation, and torch.library's schema inference (``custom_op``,
+        ``triton_op``) evaluates the strings nested in one (``list["..."]``) as well."""
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             try:
                 parsed = ast.parse(node.value, mode="eval").body
@@ -551,9 +562,12 @@ class _Checker(ast.NodeVisitor):
             ast.copy_location(parsed, node)
             for child in ast.walk(parsed):
                 ast.copy_location(child, node)
-            self.visit(parsed)
-        else:
-            self.visit(node)
+            self._annotation(parsed)
+            return
+        self.visit(node)
+        for child in ast.walk(node):
+            if child is not node and isinstance(child, ast.Constant) and isinstance(child.value, str):
+                self._annotation(child)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._check_binding(node.name, node)
@@ -586,7 +600,7 @@ class _Checker(ast.NodeVisitor):
         if isinstance(func, ast.Name) and func.id in ("getattr", "setattr") and func.id not in self.bound:
             self._check_dynamic_attribute(func.id, node)
             return
-        if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
+        if isinstance(func, ast.Attribute) and func.attr in FORMATTERS:
             self._check_format(func, node)
         reached = None
         if isinstance(func, ast.Attribute):
@@ -649,6 +663,9 @@ class _Checker(ast.NodeVisitor):
             self.visit(name)
             return
         attr = name.value
+        if attr in FORMATTERS:
+            self.flag("forbidden_call", node, f"{builtin}(..., {attr!r}) takes .{attr} as a value: its fields would read attributes unchecked")
+            return
         if isinstance(target, ast.Name) and target.id in self.aliases:
             self._walk(target.id, [attr], node)
             return
@@ -797,7 +814,8 @@ def _public_prefix(name: ast.expr) -> bool:
         name = name.left
     first = name.values[0] if isinstance(name, ast.JoinedStr) and name.values else name
     prefix = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
-    return bool(prefix) and prefix[0].isalpha()
+    # never one that could spell .format (its fields read attributes unchecked)
+    return bool(prefix) and prefix[0].isalpha() and not any(word.startswith(prefix) for word in FORMATTERS)
 
 
 def _own_private_attributes(tree: ast.Module, bound: set[str]) -> set[str]:

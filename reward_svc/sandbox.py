@@ -44,11 +44,12 @@ from services.config import Settings
 from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult
 from reward_svc.build_cache import link_tree, publish_dir
 from reward_svc.harness.loading import DeviceLock
-from reward_svc.harness.report import KEY_FIELD, RESULT_FILE, read_result
+from reward_svc.harness.report import AUDIT_LOG, KEY_FIELD, RESULT_FILE, read_result
 
 
 REWARD_CHILD = "reward_svc.harness.child"
 MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result (it would be read into the worker)
+MAX_AUDIT_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,23 @@ class Child:
     inbox: Path | None = None  # read-only to the child: its group's inputs, linked in when the job is known
     build_inbox: Path | None = None  # read-only to the child: the published build of its source
     device_lock: DeviceLock | None = None  # the descriptors the child holds (the worker closed its copies)
+    audit: str = ""  # what the child's audit hook refused, a line each (the reward harness's candidates write it)
 
     def run(self, spec: dict[str, Any], max_result_bytes: int = MAX_RESULT_BYTES) -> tuple[SandboxResult, dict[str, Any] | None]:
         """Run the job; the result the child wrote, or None. The spec is given the child's device lock,
         and a key the harness signs its result with (harness/report.py): a result file written by
-        anything else in the child (native code) does not verify and reads as ``FORGED_RESULT``."""
+        anything else in the child (native code) does not verify and reads as ``FORGED_RESULT``.
+        The audit log is made here and read back through this process's own descriptor
+        (``audit``): the child's harness appends to the same file, whatever its work dir's name for
+        it becomes (renamed away, replaced by a link or a FIFO)."""
         key = secrets.token_hex(32)
         spec = {**spec, KEY_FIELD: key, "gpu_lock": self.device_lock.to_json() if self.device_lock else None}
-        outcome = self.process.run((json.dumps(spec) + "\n").encode())
+        log = os.open(self.workdir / AUDIT_LOG, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            outcome = self.process.run((json.dumps(spec) + "\n").encode())
+            self.audit = os.pread(log, MAX_AUDIT_BYTES, 0).decode(errors="replace")
+        finally:
+            os.close(log)
         result = read_result(self.workdir / RESULT_FILE, key, max_result_bytes)
         return outcome, dict(FORGED_RESULT) if result is False else result
 

@@ -12,7 +12,6 @@ import contextlib
 import io
 import math
 import os
-import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -23,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from reward_svc.harness import tensors
+from reward_svc.harness.report import OversizedFile, open_regular
 from reward_svc.verdict import Verdict
 
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -33,8 +33,12 @@ NOISE_ULPS = 4
 NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
 # PyTorch "does the reference's work" when, in some call, its compute ops of every family the
 # reference's ops belong to (contraction, reduction, pointwise, data) process at least this share of
-# the elements the reference's ops of that family process.
-FALLBACK_WORK_SHARE = 0.9
+# the elements the reference's ops of that family process; its compute work in a family the reference
+# has none of (a ReLU as a maximum over a stack, a matmul as a broadcast product and a sum) counts
+# toward each of the reference's compute families. The kernels' part is then at most the rest: a
+# quarter, as the kernel share below.
+FALLBACK_WORK_SHARE = 0.75
+COMPUTE_FAMILIES = ("contraction", "reduction", "pointwise")
 # The custom kernels must produce at least this share of the output: the elements the knockout
 # (their writes poisoned) changes, among those not at a saturated value (0, the output's minimum or
 # maximum: a ReLU or clamp after the kernel maps poison there too). Most of it, not half: a kernel
@@ -74,24 +78,13 @@ class Tolerance:
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
-class OversizedOutput(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
-
-
 def _load_output(path: Path, max_bytes: int, *, private: bool) -> Any:
-    """An output file as tensors, read only if it is a regular file (opened with O_NOFOLLOW and
-    O_NONBLOCK, checked with fstat) of at most ``max_bytes``. ``private``: read into this process
-    from the checked descriptor (the child may still run and could swap the file); otherwise the
-    child is gone and the file is memory-mapped."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    """An output file as tensors, read only if it is a regular file of at most ``max_bytes``
+    (``report.open_regular``). ``private``: read into this process from the checked descriptor (the
+    child may still run and could swap the file); otherwise the child is gone and the file is
+    memory-mapped."""
+    fd = open_regular(path, max_bytes)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path.name} is not a regular file")
-        if info.st_size > max_bytes:
-            raise OversizedOutput(info.st_size)
         if not private:
             return tensors.load(path)
         with os.fdopen(os.dup(fd), "rb") as handle:
@@ -170,7 +163,7 @@ class FileComparer:
         ``OUTPUT_SLACK_BYTES``) before a byte of it is read."""
         try:
             out = _load_output(output, expected.stat().st_size + OUTPUT_SLACK_BYTES, private=private)
-        except OversizedOutput as oversized:
+        except OversizedFile as oversized:
             return None, EarlyVerdict(Verdict("incorrect", f"{output.stem} is {oversized.size} bytes, where the reference's "
                                               f"output is {expected.stat().st_size}: not read"))
         except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
@@ -334,10 +327,16 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
                            guard="cross_call_cache", max_abs_error=_finite(max_error))
     if produced("output_knockout"):
         knockout = against_reference("output_knockout")
-        if knockout.ok and observations.get("pytorch_output_kind") == "copied" and observations.get("knockout_copies"):
-            # a kernel copied PyTorch's answer (the knockout leaves copies alone): provenance says it more exactly
-            return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-                           "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
+        if knockout.ok and observations.get("knockout_copies"):
+            # the kernels only copied (the knockout leaves copies alone): where provenance or the op accounting
+            # says PyTorch computed what they carried, that is the more exact verdict
+            if observations.get("pytorch_output_kind") == "copied":
+                return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+                               "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
+            delegated = pytorch_work(observations, ref_result)
+            if delegated:
+                return Verdict("rejected", f"{delegated}; the custom kernels only copy", guard="pytorch_fallback",
+                               max_abs_error=_finite(max_error))
         if knockout.ok:
             return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
                            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
@@ -456,15 +455,16 @@ def pytorch_work(observations: dict[str, Any], ref_result: dict[str, Any]) -> st
         reference = ref_work[case] if case < len(ref_work) else (ref_work[0] if ref_work else None)
         covered = pytorch_covers_reference(work, reference)
         if covered:
-            return (f"PyTorch itself does the reference's work on trial {case + 1}: its {', '.join(covered)} ops process at least "
-                    f"{FALLBACK_WORK_SHARE:.0%} of what the reference's do (synonyms and decompositions count by family), so the "
-                    "custom kernels do not compute the answer")
+            return (f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {FALLBACK_WORK_SHARE:.0%} "
+                    f"of the reference's {', '.join(covered)} work (synonyms and decompositions count by family, and work of a "
+                    "kind the reference does not do counts toward each), so the custom kernels do not compute the answer")
     return None
 
 
 def pytorch_covers_reference(cand: Any, ref: Any) -> list[str]:
     """The families of the reference's compute work if the candidate's PyTorch ops of every one of them
-    do at least ``FALLBACK_WORK_SHARE`` of that family's work in the reference; else empty."""
+    (with its compute work of families foreign to the reference) do at least ``FALLBACK_WORK_SHARE`` of
+    that family's work in the reference; else empty."""
     ref_families = (ref or {}).get("families") if isinstance(ref, dict) else None
     cand_families = cand.get("families") if isinstance(cand, dict) else None
     if not isinstance(ref_families, dict) or not isinstance(cand_families, dict):
@@ -472,9 +472,11 @@ def pytorch_covers_reference(cand: Any, ref: Any) -> list[str]:
     families = sorted(family for family, work in ref_families.items() if isinstance(work, (int, float)) and work > 0)
     if not families:
         return []
+    work = {family: done for family, done in cand_families.items() if isinstance(done, (int, float))}
+    foreign = sum(done for family, done in work.items() if family in COMPUTE_FAMILIES and family not in families)
     for family in families:
-        done = cand_families.get(family, 0)
-        if not isinstance(done, (int, float)) or done < FALLBACK_WORK_SHARE * ref_families[family]:
+        done = work.get(family, 0) + (foreign if family in COMPUTE_FAMILIES else 0)
+        if done < FALLBACK_WORK_SHARE * ref_families[family]:
             return []
     return families
 
@@ -518,7 +520,7 @@ def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, 
     low, high = _finite_range(ref, compute)
     error, bad, all_finite, pattern_differs = 0.0, 0, True, False
     informative_bad = informative = 0
-    for out_part, ref_part in _slices(out, ref):
+    for out_part, ref_part in tensors.slices(out, ref):
         out_part, ref_part = out_part.to(compute), ref_part.to(compute)
         ref_finite = torch.isfinite(ref_part)
         if not torch.equal(torch.isfinite(out_part), ref_finite) or not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
@@ -553,7 +555,7 @@ def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None
     if ref.is_complex():
         return None, None
     low, high = math.inf, -math.inf
-    for (part,) in _slices(ref):
+    for (part,) in tensors.slices(ref):
         finite = part.to(compute)[torch.isfinite(part)]
         if finite.numel():
             low, high = min(low, float(finite.min())), max(high, float(finite.max()))
@@ -569,16 +571,6 @@ def _informative(ref: torch.Tensor, finite: torch.Tensor, low: float | None, hig
     return mask
 
 
-SLICE_ELEMENTS = 1 << 24
-
-
-def _slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
-    """The same flat slice of each tensor in turn (elementwise checks without whole-size temporaries)."""
-    flat = [t.reshape(-1) for t in ts]
-    for start in range(0, flat[0].numel(), SLICE_ELEMENTS):
-        yield [f[start:start + SLICE_ELEMENTS] for f in flat]
-
-
 def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Whether allclose at this tolerance would accept a constant (or zeros) for ``ref``."""
     if ref.numel() < 2:
@@ -588,7 +580,7 @@ def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
 
     def close_to(value: float) -> bool:
         return all(bool(torch.isclose(torch.full_like(part, value, dtype=compute), part.to(compute), atol=atol, rtol=rtol).all())
-                   for (part,) in _slices(ref))
+                   for (part,) in tensors.slices(ref))
 
     return close_to(level) or close_to(0.0)
 

@@ -40,9 +40,10 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # The kernel's output folded in with weight zero: formally used, numerically irrelevant.
     "decoy_masked_by_zero": (candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn torch.clamp(x, min=0) + out * 0"),
                              "decoy_kernel"),
-    # Looks at what its kernel wrote (ones, over a tensor of sevens) and returns it only once it was tampered with.
+    # Looks at what its kernel wrote (zeros, the ReLU of minus ones, over a tensor of sevens) and returns it only once it
+    # was tampered with. (A kernel that only copies, as a ReLU of ones does, is left alone by the knockout: a decoy then.)
     "decoy_that_detects_the_knockout": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nif bool((out != 1).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
+        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
         "knockout_evasion"),
     # The same decoy without a branch: its kernel's output selects PyTorch's answer away (the knockout cannot see this one).
     "decoy_selected_away_with_where": (candidate(

@@ -366,7 +366,7 @@ TELLS_REPLAYS_APART = ("x = inputs[0]\nout = torch.empty_like(x)\nif bool(torch.
                        "    return launch_relu(x, out)\nreturn launch_copy(x, out)")
 EVASIONS = {  # each passed once; the policy allows every one of them
     "raises when the knockout poisons its sentinel": (
-        "x = inputs[0]\nsentinel = torch.zeros(1)\nlaunch_copy(torch.ones(1), sentinel)\nif float(sentinel[0]) != 1.0:\n"
+        "x = inputs[0]\nsentinel = torch.ones(1)\nlaunch_relu(-sentinel, sentinel)\nif float(sentinel[0]) != 0.0:\n"
         "    raise RuntimeError('tampered')\nout = torch.empty_like(x)\nlaunch_copy(torch.relu(x * 0.5) * 2.0, out)\nreturn out"),
     "packs the host's share into 64-bit values": (
         "x = inputs[0]\nflat = x.reshape(-1)\nhead = flat[:2048].contiguous().view(torch.int64)\n"

@@ -131,6 +131,29 @@ def test_a_result_file_the_harness_did_not_sign_is_a_forgery(kz_env: Callable[..
         pool.close()
 
 
+@pytest.mark.parametrize(("file", "plant"), [("result.json", "fifo"), ("result.json", "link"), ("audit.log", "fifo"),
+                                            ("audit.log", "link")])
+def test_a_childs_result_and_audit_log_are_read_without_following_or_blocking(
+        kz_env: Callable[..., Settings], tmp_path: Path, file: str, plant: str) -> None:
+    """A result file or audit log made a FIFO (the worker once blocked on it for ever) or a link to a
+    file of the host's (whose lines came back in the verdict's reason): the result is no result, and the
+    audit lines are read through the descriptor the worker opened, whatever the child's name for them."""
+    canary = tmp_path / "host-secret"
+    canary.write_text("kz-host-canary-41d9\n" * 4)
+    settings = kz_env(reward_warm_children=0)
+    pool = ChildPool(settings, Layout(settings.data_dir / "reward").create(), "cpu", 30.0, size=0, entry="planting_child")
+    try:
+        child = pool.take()
+        started = time.monotonic()
+        _, result = child.run({"file": file, "plant": plant, "to": "/dev/zero" if file == "result.json" else str(canary)})
+        child.discard()
+    finally:
+        pool.close()
+    assert time.monotonic() - started < 20
+    assert result is None
+    assert child.audit == "gc.get_objects: refused after the swap\n"
+
+
 def _child_dirs(layout: Layout, name: str) -> Any:
     """A child's three dirs as its pool makes them (without starting it)."""
     from types import SimpleNamespace

@@ -195,3 +195,43 @@ def test_third_round_native_routes_are_refused() -> None:
     passed = [name for name, source in THIRD_ROUND_NATIVE.items() if check_native_sources("", source) is None]
     assert passed == []
     assert check_native_sources("", 'extern "C" __global__ void k(float* x) { x[0] = 0; }') is None  # an extern "C" kernel
+
+
+# Found by a fourth attack: torch.library evaluates the strings nested in an op's annotations; the
+# rest reach .format, a shared library, raw storage or launches the counter never sees.
+FOURTH_ROUND = {
+    "a string nested in a parameter annotation": (
+        "import torch\n@torch.library.custom_op('kz::f', mutates_args=())\n"
+        "def f(x: list[\"__import__('sys').modules\"]) -> torch.Tensor:\n    return x[0]"),
+    "a string nested in a return annotation": (
+        "import torch\nfrom torch.library import triton_op\n@triton_op('kz::g', mutates_args=())\n"
+        "def g(x: torch.Tensor) -> tuple[\"exec('1') or torch.Tensor\"]:\n    return (x,)"),
+    "a string two levels down": "import typing, torch\ndef h(x: dict[str, typing.Optional[\"open('/etc/shadow')\"]]):\n    pass",
+    "a string inside a string annotation": "def h(x: \"list['__import__(1)']\"):\n    pass",
+    "a nested string that is no expression": "def h(x: list['import sys']):\n    pass",
+    "getattr of a string's format": "def f(x):\n    return getattr('{0.__class__}', 'format')(x)",
+    "getattr of format_map": "def f(s, d):\n    return getattr(s, 'format_map')(d)",
+    "a computed name that can spell format": (
+        "class S(str):\n    def fmt(self, tail, x):\n        return getattr(self, f'form{tail}')(x)"),
+    "a pluggable allocator": "import torch\nA = torch.cuda.CUDAPluggableAllocator('/tmp/x.so', 'a', 'f')",
+    "storage over a buffer": "import torch\nS = torch.UntypedStorage.from_buffer(b'1234', byte_order='little')",
+    "triton.compile": "import triton\nK = triton.compile",
+    "a kernel registered for one device": (
+        "import torch\n@torch.library.custom_op('kz::d', mutates_args=())\ndef d(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return x.clone()\nd.register_kernel('cuda', lambda x: x)"),
+    "an op's own dispatch rule": (
+        "import torch\n@torch.library.custom_op('kz::e', mutates_args=())\ndef e(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return x.clone()\ne.register_torch_dispatch(object, lambda *a: None)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOURTH_ROUND))
+def test_fourth_round_routes_are_refused(name: str) -> None:
+    assert check_source(FOURTH_ROUND[name]), f"{name} passed the policy"
+
+
+def test_annotations_a_kernel_writes_still_pass() -> None:
+    source = ("import torch\nfrom typing import Optional\n@torch.library.custom_op('kz::ok', mutates_args=())\n"
+              "def ok(x: torch.Tensor, scale: Optional[float] = None, sizes: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:\n"
+              "    return x.clone(), x.clone()\n\n\ndef f(x: 'torch.Tensor') -> 'Optional[torch.Tensor]':\n    return x")
+    assert check_source(source) == []

@@ -174,6 +174,7 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     exchange = Path(spec["exchange_dir"])
     phases = Phases()
     counter = LaunchCounter()
+    counter.copies_are_work = bool(spec.get("copies_are_work"))
     counter.install_triton()
     _install_compile_hooks(counter, spec)
     if device != "cuda":
@@ -222,7 +223,8 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations))
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
-                observations["knockout_path"] = None if "knockout_raised" in observations else _compare_paths(paths)
+                knocked_out = "knockout_raised" not in observations and "knockout_refused" not in observations
+                observations["knockout_path"] = _compare_paths(paths) if knocked_out else None
     except Rejection as rejection:
         return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
@@ -447,16 +449,20 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
     """Run case 0 once more with every custom kernel's writes poisoned and uninitialised memory
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
     remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
-    wrong values (a Cholesky factor of what is no longer positive-definite) may raise instead: its
-    output then depends on the kernels, and the refresh trial's provenance is the check left."""
+    wrong values (a Cholesky factor of what is no longer positive-definite) may have a PyTorch op
+    refuse them: its output then depends on the kernels, and provenance and the op accounting are
+    the checks left (``knockout_refused``). Any other error (forward's own, on what it found in its
+    kernels' output) is a forward hiding from the knockout (``knockout_raised``)."""
     model = _model_for(module, models, spec, exchange, 0)
     args = _case_inputs(spec, exchange, 0)
+    failed_launches = counter.failures.total()
     try:
-        with _replay(counter, paths, "knockout", knockout=True):
+        with _replay(counter, paths, "knockout", knockout=True) as recorder:
             out = model(*args)
             _settle(spec["device"])
     except Exception as exc:  # noqa: BLE001 (the candidate's own error on poisoned values)
-        observations["knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
+        refused = exc is recorder.op_error and counter.failures.total() == failed_launches  # an op's, not a launch's
+        observations["knockout_refused" if refused else "knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
         return SKIPPED
     check_returned(out, args)
     observations["knockout_copies"] = counter.copies

@@ -53,22 +53,21 @@ CONTRACTION_OPS = frozenset({
     "slow_conv_transpose2d", "slow_conv_transpose3d", "_scaled_mm", "_int_mm", "cdist", "_cdist_forward",
     "scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_efficient_attention_forward",
-    "_flash_attention_forward", "_scaled_dot_product_attention_math",
+    "_flash_attention_forward", "_scaled_dot_product_attention_math", "embedding_bag", "_embedding_bag",
+    "_embedding_bag_forward_only",
 })
 REDUCTION_OPS = frozenset({
     "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "var", "std", "var_mean",
     "std_mean", "norm", "linalg_vector_norm", "linalg_matrix_norm", "frobenius_norm", "nuclear_norm", "logsumexp",
-    "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "cumsum", "cumprod", "cummax", "cummin",
-    "logcumsumexp", "all", "any", "count_nonzero", "nansum", "nanmean", "native_layer_norm", "native_group_norm",
+    "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "all", "any", "count_nonzero", "nansum", "nanmean", "native_layer_norm", "native_group_norm",
     "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "batch_norm",
     "_batch_norm_impl_index", "cudnn_batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
     "_fused_rms_norm", "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
     "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
-    "adaptive_max_pool3d", "fractional_max_pool2d", "fractional_max_pool3d", "sort", "topk", "kthvalue", "median",
-    "nanmedian", "mode", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss_forward", "nll_loss2d_forward",
+    "adaptive_max_pool3d", "fractional_max_pool2d", "fractional_max_pool3d", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss_forward", "nll_loss2d_forward",
     "nll_loss", "nll_loss_nd", "cross_entropy_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-    "soft_margin_loss", "multilabel_margin_loss_forward", "multi_margin_loss", "embedding_bag", "_embedding_bag", "dist",
+    "soft_margin_loss", "multilabel_margin_loss_forward", "multi_margin_loss", "dist",
     "renorm", "histc", "bincount", "_weight_norm_interface", "cosine_similarity", "_pdist_forward", "trace",
 })
 DATA_OPS = frozenset({
@@ -77,10 +76,20 @@ DATA_OPS = frozenset({
     "repeat_interleave", "im2col", "col2im", "unfold", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d",
     "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "upsample_nearest1d",
     "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d", "upsample_linear1d", "upsample_trilinear3d",
-    "upsample_bicubic2d", "grid_sampler_2d", "grid_sampler_3d", "searchsorted", "bucketize", "unique", "_unique2",
+    "upsample_bicubic2d", "grid_sampler_2d", "grid_sampler_3d", "unique", "_unique2",
     "unique_dim", "diag", "tril", "triu", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
 })
 ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(a, b): pointwise, not reductions
+# Reductions that keep their input's size (a sort, a scan, a search among boundaries): reductions
+# whatever the sizes, never pointwise work in disguise.
+SCAN_OPS = frozenset({"sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "cumsum", "cumprod",
+                      "cummax", "cummin", "logcumsumexp", "_cummax_helper", "_cummin_helper", "searchsorted", "bucketize"})
+# Matrix functions (a matrix exponential is matmuls; a solve, an inverse, a factorisation, an FFT):
+# contractions, whatever their names.
+MATRIX_FUNCTIONS = frozenset({"matrix_exp", "matrix_power", "cholesky", "cholesky_solve", "cholesky_inverse", "inverse", "det",
+                              "logdet", "slogdet", "svd", "qr", "geqrf", "orgqr", "ormqr", "lu_unpack", "lu_solve",
+                              "triangular_solve", "pinverse", "chain_matmul", "lstsq", "symeig", "eig"})
+MATRIX_FUNCTION_PREFIXES = ("linalg_", "_linalg_", "fft_", "_fft_")
 
 
 def is_compute_op(name: str) -> bool:
@@ -113,6 +122,17 @@ POINTWISE_WEIGHT = {  # operations per result element of activations that are on
 SMALL_EXTENT = 4  # a contraction over at most this many terms, or a reduction of at most this many values into one, is pointwise work
 
 
+def op_family(name: str) -> str:
+    """The family of an aten compute op (in-place ``scatter_`` is ``scatter``'s): contraction,
+    reduction, data or pointwise."""
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    if base in REDUCTION_OPS or base in SCAN_OPS:
+        return "reduction"
+    if base in CONTRACTION_OPS or base in MATRIX_FUNCTIONS or base.startswith(MATRIX_FUNCTION_PREFIXES):
+        return "contraction"
+    return "data" if base in DATA_OPS else "pointwise"
+
+
 def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> dict[str, int]:
     """The work one aten compute op did, by family. Contractions, reductions and data ops: the
     elements they read (a composite op: split by family, ``COMPOSITE_WORK``). A pointwise op: its
@@ -122,23 +142,57 @@ def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[
     of at most that many values into each result are pointwise work in disguise; a pointwise op that
     broadcasts its inputs into a larger result (an outer product spelled ``a[:, :, None] * b``) is a
     contraction of that result's size."""
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    family = op_family(name)
     read = sum(t.numel() for t in inputs)
     produced = max((t.numel() for t in outputs), default=0)
-    if name in CONTRACTION_OPS:
-        extent = _contracted_extent(name, inputs)
+    if family == "reduction" and overload in ELEMENTWISE_OVERLOADS:
+        family = "pointwise"
+    if family == "contraction":
+        extent = _contracted_extent(base, inputs)
         if extent is not None and extent <= SMALL_EXTENT:  # its products, and the added term of addmm and kin
-            return {"pointwise": produced * (extent + name.startswith(("add", "baddbmm")))}
-        return {"contraction": read}
-    if name in REDUCTION_OPS and overload not in ELEMENTWISE_OVERLOADS:
-        if produced and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced and name not in COMPOSITE_WORK:
+            return {"pointwise": produced * (extent + base.startswith(("add", "baddbmm")))}
+        return {"contraction": _multiply_adds(base, inputs, produced)}
+    if family == "reduction":
+        if (produced and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced
+                and base not in COMPOSITE_WORK and base not in SCAN_OPS):
             return {"pointwise": read}
-        return {family: read * factor for family, factor in COMPOSITE_WORK.get(name, {"reduction": 1}).items()}
-    if name in DATA_OPS:
+        return {family: read * factor for family, factor in COMPOSITE_WORK.get(base, {"reduction": 1}).items()}
+    if family == "data":
         return {"data": read}
     if inputs and produced > max(t.numel() for t in inputs):
         return {"contraction": produced}
     operands = sum(1 for t in inputs if t.numel() > 1)
-    return {"pointwise": produced * max(1, operands - 1, POINTWISE_WEIGHT.get(name, 1))}
+    return {"pointwise": produced * max(1, operands - 1, POINTWISE_WEIGHT.get(base, 1))}
+
+
+MATMULS = frozenset({"mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm"})
+VECTOR_PRODUCTS = frozenset({"mv", "addmv", "dot", "vdot"})
+CONVOLUTIONS = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
+                          "_convolution_mode", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cudnn_convolution_transpose",
+                          "slow_conv3d_forward", "_slow_conv2d_forward", "slow_conv_transpose2d", "slow_conv_transpose3d"})
+
+
+def _multiply_adds(name: str, inputs: list[torch.Tensor], produced: int) -> int:
+    """A contraction's work: the products it sums (a matmul's M·N·K, a convolution's outputs times the
+    terms each sums, an embedding bag's looked-up values), so a cheap pass over its operands (their
+    sums, say) never weighs what the contraction does; a matrix function (an exponential, a solve) as
+    a matmul of its operand by itself; other contractions by the larger of what they read and write."""
+    operands = inputs[1:] if name.startswith(("add", "baddbmm")) else inputs
+    if name == "linear" and len(inputs) > 1:
+        return inputs[0].numel() * inputs[1].shape[0]
+    if name in MATMULS and len(operands) > 1:
+        return operands[0].numel() * (operands[1].shape[-1] if operands[1].dim() > 1 else 1)
+    if name in VECTOR_PRODUCTS and operands:
+        return operands[0].numel()
+    if name in CONVOLUTIONS and len(inputs) > 1 and inputs[1].dim() > 1:
+        return max(produced, inputs[0].numel()) * (inputs[1].numel() // max(1, inputs[1].shape[0]))
+    if name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only") and len(inputs) > 1 and inputs[0].dim() > 1:
+        return inputs[1].numel() * inputs[0].shape[-1]
+    read = sum(t.numel() for t in inputs)
+    if (name in MATRIX_FUNCTIONS or name.startswith(MATRIX_FUNCTION_PREFIXES)) and inputs and inputs[0].dim() > 1:
+        return max(read, produced) * inputs[0].shape[-1]
+    return max(read, produced)
 
 
 def _contracted_extent(name: str, inputs: list[torch.Tensor]) -> int | None:
@@ -177,8 +231,11 @@ class OpRecorder(TorchDispatchMode):
     op's output, and the whole of a view it wrote into, is fingerprinted (``pytorch_outputs``), so
     ``pytorch_source`` can tell an output whose values PyTorch made from data no kernel touched."""
 
-    def __init__(self, provenance_key: int | None = None) -> None:
+    def __init__(self, provenance_key: int | None = None, *, watch_copies: bool = False) -> None:
         super().__init__()
+        self.watch_copies = watch_copies
+        self.copying_ops: set[str] = set()  # with watch_copies: compute ops whose result was, place for place, an input
+        self.op_error: BaseException | None = None  # the last error an op raised (glue refusing the values it was given)
         self.calls: Counter[str] = Counter()
         self.elements: Counter[str] = Counter()
         self.family_work: Counter[str] = Counter()
@@ -203,11 +260,18 @@ class OpRecorder(TorchDispatchMode):
             self.family_work["contraction"] += sum(t.numel() for t in tensors.tensors_in((args, kwargs)))
             return func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            if not self._harness_depth:
+                self.op_error = exc
+            raise
         if self.launch_depth and not is_compute_op(name):
             return result  # a launch's own tensor plumbing (the interpreter copies its arguments with aten ops)
         if not self._harness_depth:
             inputs = tensors.tensors_in((args, kwargs))
+            if self.watch_copies and is_compute_op(name) and any(_copied(t, inputs) for t in tensors.tensors_in(result)):
+                self.copying_ops.add(name)
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
             if name == "_local_scalar_dense":
@@ -279,6 +343,9 @@ class LaunchCounter:
         self.knockout = False
         self.poisoned = 0
         self.copies = 0  # writes the knockout left alone: copies of a launch's inputs
+        # The reference has an op that acts as a copy on the knockout's values (a clamp whose bounds do
+        # not bind there): an honest kernel of it looks like a copy, so copies are poisoned like the rest.
+        self.copies_are_work = False
         self.recorder: OpRecorder | None = None  # while set, launches join its path
         self.forged: list[str] = []  # launches refused for an argument posing as a tensor
         self.refused_sources: list[str] = []  # load_inline calls harness/native_policy.py refused
@@ -325,7 +392,7 @@ class LaunchCounter:
         with harness_work():
             _synchronize()
             changed = [t for t, old in zip(inputs, before) if not tensors.same_bits(t, old)]
-            written = [t for t in changed if not _copied(t, before)]
+            written = [t for t in changed if self.copies_are_work or not _copied(t, before)]
             self.copies += len(changed) - len(written)
             kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
             if kept:
@@ -345,7 +412,7 @@ class LaunchCounter:
                     else:
                         written.append(t)
             returned = tensors.tensors_in(result)
-            computed = [t for t in returned if not _copied(t, before)]
+            computed = [t for t in returned if self.copies_are_work or not _copied(t, before)]
             self.copies += len(returned) - len(computed)
             for t in written + computed:
                 tensors.poison_(t)
@@ -441,14 +508,8 @@ def _copied(t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
     """Whether ``t`` holds (nearly all of) another launch argument's values in the same places: a copy
     kernel computes nothing, so the knockout leaves what it wrote alone and the kernels' share of the
     output shows it."""
-    flat = t.detach().reshape(-1)
-    for source in sources:
-        if source.numel() == t.numel() and source.dtype == t.dtype and source.data_ptr() != t.data_ptr() and t.numel():
-            other = source.detach().reshape(-1)
-            same = (flat == other) | (torch.isnan(flat) & torch.isnan(other)) if flat.is_floating_point() else flat == other
-            if float(same.float().mean()) >= COPY_SHARE:
-                return True
-    return False
+    return any(source.numel() == t.numel() and source.dtype == t.dtype and source.data_ptr() != t.data_ptr() and t.numel()
+               and tensors.same_share(t, source) >= COPY_SHARE for source in sources)
 
 
 def forged_pointers(args: Any, kwargs: Any) -> str | None:
@@ -564,6 +625,7 @@ AUDIT_REFUSED = frozenset({
 })
 FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
                          "shutil.rmtree", "shutil.move", "shutil.copyfile", "os.utime"})
+TWO_PATH_EVENTS = frozenset({"os.rename", "os.link", "shutil.move", "shutil.copyfile"})
 # Programs a kernel's build runs (nvcc's phases, the host compiler and linker, Triton's bundled ptxas and
 # its launcher stubs' compiler, ldconfig for libcuda), by name or name prefix (``ptxas-blackwell``, ``gcc-12``).
 TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "cudafe++", "cicc", "fatbinary",
@@ -620,10 +682,14 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
                 executable in SHELLS and _spawned_by_the_build())
             if not allowed:
                 refuse(event, executable)
-        elif event in FILE_EVENTS and args and isinstance(args[0], (str, bytes, os.PathLike)) and writes(event, args):
-            path = os.path.realpath(os.fsdecode(args[0]))
-            if path == log_real or not (path + os.sep).startswith(roots):
-                refuse(event, path)
+        elif event in FILE_EVENTS and args and writes(event, args):
+            # a rename, link or move writes where it goes as well as where it comes from (a symlink: where it is made)
+            for target in (args[1:2] if event == "os.symlink" else args[:2] if event in TWO_PATH_EVENTS else args[:1]):
+                if not isinstance(target, (str, bytes, os.PathLike)):
+                    continue
+                path = os.path.realpath(os.fsdecode(target))
+                if path == log_real or not (path + os.sep).startswith(roots):
+                    refuse(event, path)
 
     sys.addaudithook(hook)
 

@@ -113,6 +113,9 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
+        # ops that act as a copy on case 0's values, the ones the knockout replays: there an honest
+        # kernel of theirs looks like a copy, so the candidate's knockout poisons copies too
+        "copying_ops": sorted(recorder.copying_ops),
         "work_per_case": work_per_case,
         "distributions": distributions,
         "input_bytes": input_bytes,
@@ -140,7 +143,7 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
         hidden = tensors.map_tensors(inputs, functools.partial(_redraw, distribution=distribution))
         try:
             args = tensors.to_device(hidden, device)
-            recorder = OpRecorder()
+            recorder = OpRecorder(watch_copies=case == 0)
             with recorder:
                 output = model(*args)
             if all(bool(torch.isfinite(t).all()) for t in tensors.tensors_in(output) if t.is_floating_point() or t.is_complex()):
@@ -151,7 +154,7 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
             pass
         del hidden
     args = tensors.to_device(inputs, device)
-    recorder = OpRecorder()
+    recorder = OpRecorder(watch_copies=case == 0)
     with recorder:
         output = model(*args)
     return inputs, args, output, recorder, "native"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +38,44 @@ def write_result(workdir: Path, key: str | None, result: dict[str, Any]) -> None
     (workdir / RESULT_FILE).write_text(json.dumps(envelope))
 
 
-def read_result(path: Path, key: str, max_bytes: int) -> dict[str, Any] | None | bool:
-    """The result the child's harness signed; None where there is none (too large, unreadable, not a
-    JSON object); False where a result is there but not the harness's (a forgery)."""
+class OversizedFile(OSError):
+    def __init__(self, path: Path, size: int) -> None:
+        super().__init__(f"{path.name} holds {size} bytes")
+        self.size = size
+
+
+def open_regular(path: Path, max_bytes: int) -> int:
+    """A descriptor of ``path`` if it is a regular file of at most ``max_bytes``: opened without
+    following a link or blocking on a FIFO, checked with fstat (a child's files are the child's to
+    make: a link to a host file, a FIFO that never answers, a device of endless bytes). OSError
+    otherwise (``OversizedFile`` when it is too large)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        if path.stat().st_size > max_bytes:
-            return None
-        envelope = json.loads(path.read_text())
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        if info.st_size > max_bytes:
+            raise OversizedFile(path, info.st_size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (``open_regular``); OSError otherwise."""
+    with os.fdopen(open_regular(path, max_bytes), "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew after the check
+        raise OversizedFile(path, len(data))
+    return data
+
+
+def read_result(path: Path, key: str, max_bytes: int) -> dict[str, Any] | None | bool:
+    """The result the child's harness signed; None where there is none (too large, not a regular
+    file, unreadable, not a JSON object); False where a result is there but not the harness's (a forgery)."""
+    try:
+        envelope = json.loads(read_regular(path, max_bytes))
     except (OSError, ValueError, RecursionError):
         return None
     if not (isinstance(envelope, dict) and isinstance(envelope.get("result"), str) and isinstance(envelope.get("mac"), str)):

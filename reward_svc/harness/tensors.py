@@ -78,16 +78,51 @@ def poison_(t: torch.Tensor) -> None:
     right, where NaN spread through ``* 0`` and hid it; non-negative values stay non-negative, so
     glue after a kernel — the square root of a sum of squares — computes a wrong answer instead
     of raising; the shift, because scaling alone leaves an output that is rounding noise around
-    zero within the tolerance), integers and booleans shuffled (indices stay in range)."""
+    zero within the tolerance); booleans inverted; integers each moved to another value of the
+    range they span (indices stay in range; a shuffle left a constant tensor, a lone index or two
+    rows half the time as they were, so an honest argmax looked like a decoy)."""
+    if t.numel() == 0:
+        return
     generator = torch.Generator(device=t.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     if t.is_floating_point() or t.is_complex():
         target = torch.view_as_real(t) if t.is_complex() else t
         (low, high), (shift_low, shift_high) = POISON_SCALES, POISON_SHIFTS
         target.mul_(torch.empty_like(target).uniform_(low, high, generator=generator))
         target.add_(torch.empty_like(target).uniform_(shift_low, shift_high, generator=generator))
-    elif t.numel() > 1:
-        flat = t.reshape(-1)  # a copy where t is not contiguous: the shuffle is written back whole
-        t.copy_(flat[torch.randperm(flat.numel(), generator=generator, device=t.device)].reshape(t.shape))
+    elif t.dtype == torch.bool:
+        t.logical_not_()
+    else:
+        low, high = (int(v) for v in torch.aminmax(t))
+        span = high - low + 1
+        if span == 1:  # one value: the nearest other one, toward zero's side kept non-negative
+            t.add_(-1 if low > 0 else 1)
+        elif span > 1 << 62:  # no room for the arithmetic below: every value still changes
+            t.bitwise_xor_(1)
+        else:  # each value moved by 1..span-1 around the range: another value of it
+            offsets = torch.randint(1, span, t.shape, generator=generator, device=t.device, dtype=torch.int64)
+            t.copy_((t.to(torch.int64) - low + offsets) % span + low)
+
+
+def same_share(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The share of places where ``a`` and ``b`` (same number of elements and dtype) hold the same
+    bits, NaN equal to NaN; a slice at a time, so it needs little memory beside the two."""
+    same = 0
+    for part_a, part_b in slices(a.detach(), b.detach()):
+        equal = part_a == part_b
+        if part_a.is_floating_point() or part_a.is_complex():
+            equal |= torch.isnan(part_a) & torch.isnan(part_b)
+        same += int(equal.sum())
+    return same / a.numel() if a.numel() else 1.0
+
+
+SLICE_ELEMENTS = 1 << 24
+
+
+def slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
+    """The same flat slice of each tensor in turn (elementwise work without whole-size temporaries)."""
+    flat = [t.reshape(-1) for t in ts]
+    for start in range(0, flat[0].numel(), SLICE_ELEMENTS):
+        yield [f[start:start + SLICE_ELEMENTS] for f in flat]
 
 
 def plain(obj: Any) -> Any:
