@@ -6,11 +6,12 @@ reward service, best on a GPU). The rule-based generator is deterministic, so on
 whole answer.
 
 With ``--check-cpu N ...`` the generated kernels of those problems (by number, of the first level
-given) are also judged by the reward service on this CPU under the Triton interpreter, with the
-module's integer size constants shrunk to at most 48 so the interpreter finishes.
+given; ``all``: every generated one of every level given) are also judged by the reward service on
+this CPU under the Triton interpreter, with the module's integer size constants shrunk to at most 48
+so the interpreter finishes: the CPU's view of whether a change to the judge rejects an honest kernel.
 
 Usage: .venv/bin/python benchmarks/template_coverage.py [--root /work/kernelbench/KernelBench] [--levels 1 2] [--workers 2]
-       [--check-cpu 19 23 47]
+       [--check-cpu 19 23 47 | --check-cpu all] [--out FILE]
 Writes benchmarks/results/template_coverage_cpu.json.
 """
 
@@ -91,7 +92,7 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULT)
-    parser.add_argument("--check-cpu", type=int, nargs="*", default=[])
+    parser.add_argument("--check-cpu", nargs="*", default=[], help="problem numbers of the first level, or 'all'")
     args = parser.parse_args()
 
     generator = TemplateGenerator()
@@ -129,9 +130,15 @@ def main() -> None:
             table.add_row(reason, str(count))
         console.print(table)
         write()
-    if args.check_cpu:
+    if args.check_cpu == ["all"]:
+        for level in args.levels:
+            entries = levels[f"level{level}"]["entries"]
+            paths = [args.root / f"level{level}" / e["problem"] for e in entries if e["status"] == "generated"]
+            levels[f"level{level}"]["cpu_check_shrunk_shapes"] = check_cpu(generator, paths, console)
+            write()
+    elif args.check_cpu:
         by_number = {int(p.name.split("_")[0]): p for p in (args.root / f"level{args.levels[0]}").glob("*.py")}
-        checked = check_cpu(generator, [by_number[n] for n in args.check_cpu], console)
+        checked = check_cpu(generator, [by_number[int(n)] for n in args.check_cpu], console)
         levels[f"level{args.levels[0]}"]["cpu_check_shrunk_shapes"] = checked
         write()
     console.print(f"wrote {args.out}")

@@ -210,9 +210,15 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
         worker.stop()
 
 
-@pytest.fixture
-def evaluator(kz_env: Callable[..., Settings]) -> Iterator[Evaluator]:
-    """A reward evaluator on private settings, children started on demand, closed after the test."""
-    instance = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2))
+@pytest.fixture(scope="session")
+def shared_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluator]:
+    """One reward evaluator for every test that only evaluates groups, on settings of its own: its
+    children warm up (torch imported, most of a small evaluation's time) while earlier ones work."""
+    instance = Evaluator(Settings(data_dir=tmp_path_factory.mktemp("evaluator"), reward_warm_children=2, reward_parallel_children=2))
     yield instance
     instance.close()
+
+
+@pytest.fixture
+def evaluator(shared_evaluator: Evaluator) -> Evaluator:
+    return shared_evaluator
