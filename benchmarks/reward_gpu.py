@@ -41,7 +41,7 @@ def _relu(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def timing_accuracy() -> dict:
-    from reward_svc.harness.timing import time_gpu
+    from services.children.timing import time_gpu
 
     x = torch.randn(4096, device="cuda")
     out = torch.empty_like(x)

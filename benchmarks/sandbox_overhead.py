@@ -32,13 +32,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.sandbox import SandboxPolicy, SandboxProcess, run_sandboxed  # noqa: E402
+from services.sandbox import Confinement, SandboxProcess, run_sandboxed  # noqa: E402
 from services.sandbox.bwrap import bwrap_probe  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "sandbox_overhead_cpu.json"
 COMMANDS = {"/bin/true": ["/bin/true"], "python -c pass": [sys.executable, "-c", "pass"]}
 WARM_CHILD = [sys.executable, "-c", "import sys; sys.stdin.read()"]
-POLICY = SandboxPolicy(wall_timeout_s=60)
+POLICY = Confinement(wall_timeout_s=60)
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 

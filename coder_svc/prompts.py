@@ -1,6 +1,6 @@
 """KernelBench-style prompts: instructions, one worked example per kernel backend, the module, the rules.
 
-The rules are the ones the reward service enforces (reward_svc/verify.py, reward_svc/policy.py),
+The rules are the ones the reward service enforces (reward_svc/verify.py, reward_svc/policy/),
 stated up front so a model does not learn them only from rejections.
 """
 

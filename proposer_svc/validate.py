@@ -235,7 +235,8 @@ class Validator:
     def __init__(self, options: ValidationOptions | None = None, settings: Settings | None = None,
                  warm_children: int | None = None) -> None:
         from reward_svc.evaluate import resolve_device
-        from reward_svc.sandbox import ChildPool, Layout
+        from services.children.layout import Layout
+        from services.children.pool import ChildPool
 
         self.options = options or ValidationOptions()
         self.settings = settings or get_settings()

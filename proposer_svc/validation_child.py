@@ -2,9 +2,9 @@
 
 A proposed module is untrusted code: this process imports it, runs it and checks that it is a
 task worth posing (it runs, no NaN/Inf, not constant, deterministic, its output depends on every
-input, on the input seed and on the parameters, its runtime lies within bounds). It is started
-by the reward service's child pool (torch imported first, then one job from stdin) and writes
-``result.json``: ``{"valid", "rule", "reason", "graph_hash", "details"}``. The first failed
+input, on the input seed and on the parameters, its runtime lies within bounds). It is a pooled
+child (``services.children.entry``: torch imported first, then one job from stdin) and answers
+``{"valid", "rule", "reason", "graph_hash", "details"}``. The first failed
 check decides the rule; ``details`` keeps the numbers gathered up to then.
 """
 
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -23,11 +21,12 @@ from typing import Any
 
 import torch
 
-from reward_svc.harness import tensors
-from reward_svc.harness.instrument import OpRecorder
-from reward_svc.harness.loading import gpu_lock, import_file
-from reward_svc.harness.reference import build_model, make_init_inputs
-from reward_svc.harness.report import take_key, write_result
+from services.children import tensors
+from services.children.device import gpu_lock
+from services.children.loading import import_file
+from services.children.models import build_model, make_init_inputs
+from services.children.ops import OpRecorder
+from services.children.entry import serve
 
 
 class Rejected(Exception):
@@ -276,7 +275,7 @@ class Checker:
     def time(self, model: torch.nn.Module, base: list[Any]) -> None:
         spec, d = self.spec, self.details
         if self.device == "cuda":
-            from reward_svc.harness.timing import time_gpu
+            from services.children.timing import time_gpu
 
             with torch.no_grad():
                 timing = _guarded("while timing", lambda: time_gpu(lambda: model(*base), budget_s=spec["gpu_timing_budget_s"]))
@@ -329,18 +328,5 @@ def warm_up(device: str) -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def main() -> None:
-    workdir, device = Path(sys.argv[1]), sys.argv[2]
-    warm_up(device)
-    print("ready", flush=True)
-    spec = json.loads(sys.stdin.readline())
-    key = take_key(spec)  # the pool's signing key: taken out before the module runs
-    result = check({**spec, "device": device})
-    write_result(workdir, key, result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no finalizers: nothing the module scheduled runs after the result is written
-
-
 if __name__ == "__main__":
-    main()
+    serve(lambda spec, workdir, device: check({**spec, "device": device}), warm_up)

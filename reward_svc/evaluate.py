@@ -23,10 +23,12 @@ from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
-from reward_svc.harness.loading import gpu_lock
+from services.children.device import gpu_lock
 from reward_svc.policy import check_source
 from reward_svc.redact import Redactor
-from reward_svc.sandbox import Child, ChildPool, Layout, PoolClosed
+from reward_svc.triton_layers import HARNESS_CHILD, TritonLayers
+from services.children.layout import Layout
+from services.children.pool import Child, ChildPool, PoolClosed
 from reward_svc.verdict import Verdict
 
 Backend = Literal["cuda", "triton"]
@@ -90,7 +92,8 @@ class Evaluator:
             if self._closed:
                 raise PoolClosed("the evaluator is closed: its process is stopping")
             if key not in self._pools:
-                self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device))
+                self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device),
+                                             HARNESS_CHILD, TritonLayers(self.layout, device))
             return self._pools[key]
 
     def close(self) -> None:

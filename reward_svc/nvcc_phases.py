@@ -46,7 +46,7 @@ class Phases:
 
 def toolchain_env() -> dict[str, str]:
     """This process's environment without nvcc's own flag variables (``NVCC_APPEND_FLAGS`` and kin):
-    the flags of a build are the harness's, checked before it runs (harness/native_policy.py)."""
+    the flags of a build are the harness's, checked before it runs (reward_svc/policy/native.py)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("NVCC_")}
 
 

@@ -13,7 +13,7 @@ import io
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from reward_svc.harness import tensors
-from reward_svc.harness.report import OversizedFile, open_regular
+from services.children import tensors
+from services.children.report import OversizedFile, open_regular
 from reward_svc.verdict import Verdict
 
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}

@@ -4,6 +4,7 @@ the reward service's verdict under the Triton interpreter; declines; the trace n
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from coder_svc.models.base import Sampling
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import EvalOptions, Evaluator
+from services.config import Settings
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 
@@ -80,8 +82,8 @@ CONV_ONLY = module("        self.conv = nn.Conv2d(3, 8, 3)", "x):\n        retur
 
 
 @pytest.fixture
-def generator(evaluator: Evaluator) -> TemplateGenerator:
-    return TemplateGenerator(evaluator.settings)
+def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
+    return TemplateGenerator(kz_env())
 
 
 @pytest.mark.slow

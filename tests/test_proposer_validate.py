@@ -269,7 +269,7 @@ def test_gpu_validation_takes_the_reward_services_device_lock(settings: Settings
     reward_lock = settings.data_dir / "reward" / "locks" / "gpu.lock"
     with Validator(ValidationOptions(device="cuda"), settings, warm_children=0) as on_gpu:
         assert on_gpu.pool.layout.gpu_lock("cuda") == str(reward_lock)
-        policy = on_gpu.pool.policy(settings.data_dir / "child")
+        policy = on_gpu.pool.confinement(settings.data_dir / "child")
         assert reward_lock.parent not in policy.writable_dirs + policy.readonly_dirs
         assert "gpu_lock" not in on_gpu.spec()  # each child's own descriptors go into its job (sandbox.Child.run)
     with Validator(ValidationOptions(device="cpu"), settings, warm_children=0) as on_cpu:

@@ -20,8 +20,10 @@ from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
 from reward_svc.harness.reference import cases_within
-from reward_svc.sandbox import ChildPool, Layout, PoolClosed, owner_tag
-from services.sandbox import SandboxPolicy, run_sandboxed
+from reward_svc.triton_layers import HARNESS_CHILD
+from services.children.layout import Layout, owner_tag
+from services.children.pool import ChildPool, PoolClosed
+from services.sandbox import Confinement, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from services.config import Settings
 
@@ -107,14 +109,14 @@ def test_a_scratch_dir_outside_the_data_dir_is_hidden_from_children(kz_env: Call
     scratch = Path(tempfile.mkdtemp(dir="/var/tmp"))  # not under /tmp: the sandbox's private /tmp would hide it anyway
     settings = kz_env(reward_warm_children=0, reward_scratch_dir=scratch, sandbox="bwrap")
     layout = Layout(settings.data_dir / "reward", scratch=settings.reward_scratch_dir).create()
-    pool = ChildPool(settings, layout, "cpu", 30.0, size=0)
+    pool = ChildPool(settings, layout, "cpu", 30.0, size=0, entry=HARNESS_CHILD)
     try:
         mine, other = layout.jobs / f"{os.getpid()}-mine", layout.jobs / f"{os.getpid()}-other"
         for workdir in (mine, other):
             workdir.mkdir()
         (other / "expected_0.pt").write_text("the reference's answer")
         code = "import os, sys; print(os.path.exists(sys.argv[1]), os.path.exists(sys.argv[2]))"
-        result = run_sandboxed([sys.executable, "-c", code, str(mine), str(other / "expected_0.pt")], pool.policy(mine))
+        result = run_sandboxed([sys.executable, "-c", code, str(mine), str(other / "expected_0.pt")], pool.confinement(mine))
         assert result.stdout.decode().split() == ["True", "False"], result.stderr.decode()
     finally:
         pool.close()
@@ -297,9 +299,9 @@ def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callab
 
 def test_only_a_kill_that_was_not_the_time_limit_counts_as_one_for_memory() -> None:
     killed = run_sandboxed([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                           SandboxPolicy(wall_timeout_s=20))
-    timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], SandboxPolicy(wall_timeout_s=1))
-    crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], SandboxPolicy(wall_timeout_s=20))
+                           Confinement(wall_timeout_s=20))
+    timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], Confinement(wall_timeout_s=1))
+    crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], Confinement(wall_timeout_s=20))
     assert killed.killed_for_memory and not timed_out.killed_for_memory and not crashed.killed_for_memory
 
 

@@ -57,7 +57,7 @@ static void flip_a_byte_of_the_first_output() {
 
 
 def test_native_code_that_opens_files_is_refused_before_it_compiles(evaluator: Evaluator) -> None:
-    """The native policy refuses it first (harness/native_policy.py); a rewrite that got past it would
+    """The native policy refuses it first (reward_svc/policy/native.py); a rewrite that got past it would
     still be caught by the output fingerprints (tests/test_reward_tensors.py)."""
     assert "flip_a_byte" in REWRITES_AN_EARLIER_OUTPUT
     verdict = evaluator.evaluate_group(RELU_REFERENCE, [REWRITES_AN_EARLIER_OUTPUT], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
@@ -66,7 +66,7 @@ def test_native_code_that_opens_files_is_refused_before_it_compiles(evaluator: E
 
 def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy() -> None:
     """The candidate fingerprints its output on the GPU; the judge may check the file on the host."""
-    from reward_svc.harness import tensors
+    from services.children import tensors
 
     key = 0x1234_5678_9ABC
     for value in (torch.randn(40_000_001, device="cuda"),  # several slabs, and a tail

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from reward_svc.harness.loading import gpu_lock
+from services.children.device import gpu_lock
 
 
 @contextmanager
 def child_holding(path: Path, *, exclusive: bool) -> Iterator[None]:
     """Another process holding the lock, as a child does around its GPU work."""
-    code = ("import sys; from reward_svc.harness.loading import gpu_lock; "
+    code = ("import sys; from services.children.device import gpu_lock; "
             f"held = gpu_lock({str(path)!r}, exclusive={exclusive}); held.__enter__(); print('held', flush=True); sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -58,7 +58,7 @@ def test_timing_excludes_every_other_holder(tmp_path: Path, mode: int) -> None:
 def test_phases_charge_the_wait_and_the_work_separately(tmp_path: Path) -> None:
     import time
 
-    from reward_svc.harness.loading import Phases
+    from services.children.phases import Phases
 
     phases = Phases()
     time.sleep(0.05)  # host work before the block
@@ -71,7 +71,7 @@ def test_phases_charge_the_wait_and_the_work_separately(tmp_path: Path) -> None:
 
 
 def test_cpu_work_inside_a_shared_hold_lets_the_device_go(tmp_path: Path) -> None:
-    from reward_svc.harness.loading import device_released
+    from services.children.device import device_released
 
     lock = tmp_path / "gpu.lock"
     with gpu_lock(str(lock)):
@@ -104,7 +104,7 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
 
     lock = tmp_path / "gpu.lock"
     with child_holding(lock, exclusive=False):
-        timing = subprocess.Popen([sys.executable, "-c", "import sys; from reward_svc.harness.loading import gpu_lock\n"
+        timing = subprocess.Popen([sys.executable, "-c", "import sys; from services.children.device import gpu_lock\n"
                                    f"with gpu_lock({str(lock)!r}, exclusive=True):\n    print('timing', flush=True); sys.stdin.read()"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:

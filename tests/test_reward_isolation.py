@@ -23,10 +23,12 @@ from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from reward_svc import verify
 from reward_svc.build_cache import BuildCache, artefacts
-from reward_svc.harness import tensors
-from reward_svc.harness.loading import DeviceLock, gpu_lock
+from services.children import tensors
+from services.children.device import DeviceLock, gpu_lock
 from reward_svc.redact import Redactor
-from reward_svc.sandbox import FORGED_RESULT, ChildPool, Layout
+from reward_svc.triton_layers import HARNESS_CHILD
+from services.children.layout import Layout
+from services.children.pool import FORGED_RESULT, ChildPool
 from reward_svc.verdict import Verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +43,7 @@ def test_a_child_sees_its_own_dirs_and_the_system_and_nothing_else(kz_env: Calla
     settings = kz_env(reward_warm_children=0, reward_scratch_dir=scratch, sandbox="bwrap")
     Path(".env").write_text("KZ_API_KEY=kz-canary-settings\n")
     layout = Layout(settings.data_dir / "reward", scratch=settings.reward_scratch_dir).create()
-    pool = ChildPool(settings, layout, "cpu", 30.0, size=0)
+    pool = ChildPool(settings, layout, "cpu", 30.0, size=0, entry=HARNESS_CHILD)
     try:
         mine, other = (_child_dirs(layout, name) for name in ("mine", "other"))
         (other.workdir / "expected_0.pt").write_text("the reference's answer")
@@ -60,10 +62,10 @@ def test_a_child_sees_its_own_dirs_and_the_system_and_nothing_else(kz_env: Calla
             "locks": str(layout.locks), "local API key": str(settings.api_key_file), "var": "/var/lib", "srv": "/srv",
         }
         code = "import json, os, sys; print(json.dumps({k: os.path.exists(v) for k, v in json.loads(sys.argv[1]).items()}))"
-        result = run_sandboxed([sys.executable, "-c", code, json.dumps(probes)], pool.policy(mine.workdir, mine.inbox, mine.build_inbox))
+        result = run_sandboxed([sys.executable, "-c", code, json.dumps(probes)], pool.confinement(mine.workdir, mine.inbox, mine.build_inbox))
         seen = json.loads(result.stdout)
         assert {k for k, v in seen.items() if v} == {"own work dir", "own inbox", "own build inbox"}, result.stderr.decode()
-        assert str(layout.locks) not in map(str, pool.policy(mine.workdir).writable_dirs)
+        assert str(layout.locks) not in map(str, pool.confinement(mine.workdir).writable_dirs)
     finally:
         pool.close()
         shutil.rmtree(scratch)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reward_cases import CORRECT, HACKS
-from reward_svc.harness.native_policy import check_native_sources
+from reward_svc.policy import check_native_sources
 from reward_svc.policy import check_source
 
 # Ways to reach sys.modules, the harness's objects or an evaluator of strings, each through a route

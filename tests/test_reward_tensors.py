@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reward_svc.harness import tensors
+from services.children import tensors
 
 
 def test_named_tuple_outputs_load_under_weights_only(tmp_path: Path) -> None:

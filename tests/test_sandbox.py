@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.sandbox import SandboxPolicy, SandboxProcess, SandboxResult, run_sandboxed, sandbox_available
+from services.sandbox import Confinement, SandboxProcess, SandboxResult, run_sandboxed, sandbox_available
 from services.sandbox.bwrap import bwrap_argv, bwrap_probe
 from services.sandbox.fallback import fallback_prefix
 
@@ -46,14 +46,14 @@ def py(code: str, *args: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code), *args]
 
 
-def run_json(code: str, policy: SandboxPolicy, *args: str) -> tuple[SandboxResult, object]:
+def run_json(code: str, policy: Confinement, *args: str) -> tuple[SandboxResult, object]:
     result = run_sandboxed(py(code, *args), policy)
     assert result.returncode == 0, result.stderr.decode()
     return result, json.loads(result.stdout)
 
 
 def test_normal_run_returns_stdout_stdin_and_exit_0(mode: str) -> None:
-    result = run_sandboxed(py("import sys; print('got', sys.stdin.read())"), SandboxPolicy(wall_timeout_s=20), stdin=b"job")
+    result = run_sandboxed(py("import sys; print('got', sys.stdin.read())"), Confinement(wall_timeout_s=20), stdin=b"job")
     assert (result.returncode, result.signal, result.timed_out) == (0, None, False)
     assert result.stdout == b"got job\n"
     assert result.isolation == mode
@@ -61,19 +61,19 @@ def test_normal_run_returns_stdout_stdin_and_exit_0(mode: str) -> None:
 
 
 def test_exit_code_and_stderr(mode: str) -> None:
-    result = run_sandboxed(py("import sys; sys.stderr.write('bad'); sys.exit(3)"), SandboxPolicy(wall_timeout_s=20))
+    result = run_sandboxed(py("import sys; sys.stderr.write('bad'); sys.exit(3)"), Confinement(wall_timeout_s=20))
     assert (result.returncode, result.signal, result.stderr) == (3, None, b"bad")
     assert result.describe() == "exited 3"
 
 
 def test_python_stdlib_and_venv_packages_import(mode: str) -> None:
     code = "import json, sqlite3, ssl, ctypes, psutil, services.sandbox; print('ok')"
-    result = run_sandboxed(py(code), SandboxPolicy(wall_timeout_s=20, env={"PYTHONPATH": str(REPO)}))
+    result = run_sandboxed(py(code), Confinement(wall_timeout_s=20, env={"PYTHONPATH": str(REPO)}))
     assert result.stdout == b"ok\n", result.stderr.decode()
 
 
 def test_rlimits_are_applied(mode: str) -> None:
-    policy = SandboxPolicy(wall_timeout_s=20, memory_bytes=2 << 30, cpu_seconds=7, max_file_bytes=1 << 20, max_open_files=99)
+    policy = Confinement(wall_timeout_s=20, memory_bytes=2 << 30, cpu_seconds=7, max_file_bytes=1 << 20, max_open_files=99)
     code = """
         import json, resource as r
         print(json.dumps([r.getrlimit(x) for x in (r.RLIMIT_AS, r.RLIMIT_CPU, r.RLIMIT_FSIZE, r.RLIMIT_NOFILE, r.RLIMIT_CORE)]))
@@ -104,7 +104,7 @@ def test_bwrap_root_is_read_only_and_writable_dirs_and_private_tmp_work(
         print(json.dumps({p: attempt(p) for p in sys.argv[1:]}))
     """
     try:
-        policy = SandboxPolicy(wall_timeout_s=20, writable_dirs=(work,))
+        policy = Confinement(wall_timeout_s=20, writable_dirs=(work,))
         _, outcome = run_json(code, policy, str(work / "ok"), *private, *forbidden)
         assert outcome == {str(work / "ok"): "wrote", **{p: "wrote" for p in private}, **{p: "OSError" for p in forbidden}}
         assert (work / "ok").read_text() == "x"
@@ -124,7 +124,7 @@ def test_bwrap_child_has_no_capabilities(monkeypatch: pytest.MonkeyPatch) -> Non
         status = dict(line.split(":", 1) for line in open("/proc/self/status"))
         print(json.dumps({k: status[k].strip() for k in ("CapEff", "CapPrm", "NoNewPrivs")}))
     """
-    _, caps = run_json(code, SandboxPolicy(wall_timeout_s=20))
+    _, caps = run_json(code, Confinement(wall_timeout_s=20))
     assert caps == {"CapEff": "0" * 16, "CapPrm": "0" * 16, "NoNewPrivs": "1"}
 
 
@@ -154,7 +154,7 @@ def test_bwrap_hides_secrets_home_and_run_but_binds_writable_dir_inside_hidden(
             "run": os.listdir("/run"),
         }))
     """
-    policy = SandboxPolicy(wall_timeout_s=20, hidden_dirs=(data, env_file), writable_dirs=(data / "jobs" / "j1",))
+    policy = Confinement(wall_timeout_s=20, hidden_dirs=(data, env_file), writable_dirs=(data / "jobs" / "j1",))
     _, seen = run_json(code, policy, str(data), str(env_file))
     assert seen == {"key": "FileNotFoundError", "env_file": "PermissionError", "home_files": [], "run": []}
     assert (data / "jobs" / "j1" / "out").read_text() == "done"
@@ -163,7 +163,7 @@ def test_bwrap_hides_secrets_home_and_run_but_binds_writable_dir_inside_hidden(
 def test_environment_is_clean(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KZ_SECRET_TOKEN", "s3cr3t-value")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-s3cr3t")
-    _, env = run_json("import json, os; print(json.dumps(dict(os.environ)))", SandboxPolicy(wall_timeout_s=20, env={"TRITON_INTERPRET": "1"}))
+    _, env = run_json("import json, os; print(json.dumps(dict(os.environ)))", Confinement(wall_timeout_s=20, env={"TRITON_INTERPRET": "1"}))
     assert isinstance(env, dict)
     assert "s3cr3t" not in json.dumps(env)
     assert env["TRITON_INTERPRET"] == "1"
@@ -174,7 +174,7 @@ def test_environment_is_clean(mode: str, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_fallback_gets_a_private_tmpdir_removed_afterwards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KZ_SANDBOX", "fallback")
     code = "import os; open(os.path.join(os.environ['TMPDIR'], 'f'), 'w').write('x'); print(os.environ['TMPDIR'], os.getcwd())"
-    result = run_sandboxed(py(code), SandboxPolicy(wall_timeout_s=20))
+    result = run_sandboxed(py(code), Confinement(wall_timeout_s=20))
     tmpdir, cwd = result.stdout.decode().split()
     assert tmpdir == cwd and tmpdir != "/tmp"
     assert not Path(tmpdir).exists()
@@ -203,7 +203,7 @@ def test_network_is_unreachable(mode: str) -> None:
                     return type(exc).__name__
             print(json.dumps([attempt(p) for p in sys.argv[1:]]))
         """
-        _, outcome = run_json(code, SandboxPolicy(wall_timeout_s=20), *map(str, ports))
+        _, outcome = run_json(code, Confinement(wall_timeout_s=20), *map(str, ports))
     assert isinstance(outcome, list) and len(outcome) == len(ports)
     assert "connected" not in outcome
 
@@ -221,7 +221,7 @@ def test_child_cannot_signal_processes_outside(mode: str) -> None:
             except OSError as exc:
                 print(type(exc).__name__)
         """
-        result = run_sandboxed(py(code, str(victim.pid)), SandboxPolicy(wall_timeout_s=20))
+        result = run_sandboxed(py(code, str(victim.pid)), Confinement(wall_timeout_s=20))
         assert result.stdout == b"ProcessLookupError\n"
         assert victim.poll() is None
     finally:
@@ -231,7 +231,7 @@ def test_child_cannot_signal_processes_outside(mode: str) -> None:
 
 def test_infinite_loop_times_out(mode: str) -> None:
     start = time.monotonic()
-    result = run_sandboxed(py("while True: pass"), SandboxPolicy(wall_timeout_s=1.0))
+    result = run_sandboxed(py("while True: pass"), Confinement(wall_timeout_s=1.0))
     elapsed = time.monotonic() - start
     assert result.timed_out and result.signal == signal.SIGKILL and result.returncode is None
     assert 1.0 <= result.wall_s < 1.3 and elapsed < 2.0
@@ -275,7 +275,7 @@ def test_no_descendant_survives(mode: str, then: str, tmp_path: Path) -> None:
     marker = f"kz-sandbox-marker-{uuid.uuid4().hex}"
     marker_file = tmp_path / "up"
     marker_file.touch()
-    policy = SandboxPolicy(wall_timeout_s=3.0 if then == "loop" else 20, writable_dirs=(tmp_path,))
+    policy = Confinement(wall_timeout_s=3.0 if then == "loop" else 20, writable_dirs=(tmp_path,))
     try:
         result = run_sandboxed(py(SPAWN_DAEMONS, str(marker_file), marker, then), policy)
         assert result.stdout == b"ready\n", result.stderr.decode()
@@ -288,7 +288,7 @@ def test_no_descendant_survives(mode: str, then: str, tmp_path: Path) -> None:
 
 
 def test_segfault_reports_sigsegv(mode: str) -> None:
-    result = run_sandboxed(py("import ctypes; ctypes.string_at(0)"), SandboxPolicy(wall_timeout_s=20))
+    result = run_sandboxed(py("import ctypes; ctypes.string_at(0)"), Confinement(wall_timeout_s=20))
     assert (result.returncode, result.signal, result.timed_out) == (None, signal.SIGSEGV, False)
     assert result.describe() == "killed by SIGSEGV"
 
@@ -303,14 +303,14 @@ def test_the_child_is_the_oom_killers_first_choice(mode: str) -> None:
                                     capture_output=True, text=True).stdout.strip()
         print(json.dumps([own, grandchild]))
     """
-    _, scores = run_json(code, SandboxPolicy(wall_timeout_s=20, memory_bytes=None))
+    _, scores = run_json(code, Confinement(wall_timeout_s=20, memory_bytes=None))
     assert scores == ["1000", "1000"]
     assert open("/proc/self/oom_score_adj").read().strip() != "1000"  # the parent's own stays as it was
 
 
 def test_memory_hog_fails_inside_the_child(mode: str) -> None:
     code = "x = bytearray(2 << 30); print('allocated')"
-    result = run_sandboxed(py(code), SandboxPolicy(wall_timeout_s=20, memory_bytes=512 << 20))
+    result = run_sandboxed(py(code), Confinement(wall_timeout_s=20, memory_bytes=512 << 20))
     assert b"allocated" not in result.stdout
     assert result.returncode != 0
     assert b"MemoryError" in result.stderr or result.signal is not None
@@ -325,7 +325,7 @@ def test_huge_output_is_truncated_without_hanging(mode: str) -> None:
             sys.stderr.buffer.write(chunk)
     """
     start = time.monotonic()
-    result = run_sandboxed(py(code), SandboxPolicy(wall_timeout_s=20, max_output_bytes=100_000))
+    result = run_sandboxed(py(code), Confinement(wall_timeout_s=20, max_output_bytes=100_000))
     assert time.monotonic() - start < 10
     assert result.returncode == 0
     assert result.stdout == b"x" * 100_000 and result.stderr == b"x" * 100_000
@@ -340,7 +340,7 @@ def test_warm_process_timer_starts_at_run(mode: str) -> None:
         time.sleep(0.6)
         print(job.upper())
     """
-    with SandboxProcess(py(code), SandboxPolicy(wall_timeout_s=1.5)) as proc:
+    with SandboxProcess(py(code), Confinement(wall_timeout_s=1.5)) as proc:
         time.sleep(1.8)  # longer than the timeout: it must not count while the child waits
         assert proc.alive
         result = proc.run(b"kernel")
@@ -351,7 +351,7 @@ def test_warm_process_timer_starts_at_run(mode: str) -> None:
 
 
 def test_kill_before_run_is_idempotent(mode: str) -> None:
-    proc = SandboxProcess(py("import time; time.sleep(60)"), SandboxPolicy(wall_timeout_s=5))
+    proc = SandboxProcess(py("import time; time.sleep(60)"), Confinement(wall_timeout_s=5))
     assert proc.alive
     proc.kill()
     proc.kill()
@@ -361,13 +361,13 @@ def test_kill_before_run_is_idempotent(mode: str) -> None:
 
 
 def test_child_that_ignores_stdin_does_not_block_the_timeout(mode: str) -> None:
-    result = run_sandboxed(py("import time; time.sleep(60)"), SandboxPolicy(wall_timeout_s=1.0), stdin=b"x" * (8 << 20))
+    result = run_sandboxed(py("import time; time.sleep(60)"), Confinement(wall_timeout_s=1.0), stdin=b"x" * (8 << 20))
     assert result.timed_out and result.wall_s < 1.5
 
 
 def test_missing_writable_dir_is_an_error_in_the_parent(mode: str, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        SandboxProcess(["true"], SandboxPolicy(writable_dirs=(tmp_path / "absent",)))
+        SandboxProcess(["true"], Confinement(writable_dirs=(tmp_path / "absent",)))
 
 
 def test_sandbox_available_honours_kz_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,7 +387,7 @@ def test_sandbox_available_honours_kz_sandbox(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_gpu_policy_exposes_only_nvidia_nodes() -> None:
-    argv = bwrap_argv("bwrap", ["true"], SandboxPolicy(gpu=True), None)
+    argv = bwrap_argv("bwrap", ["true"], Confinement(gpu=True), None)
     dev_binds = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dev-bind"]
     assert all(path.startswith("/dev/nvidia") for path in dev_binds)
     assert "--cap-drop" in argv and "--unshare-net" in argv

@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from coder_svc.template.graph import Graph
-from reward_svc.sandbox import ChildPool, Layout
+from services.children.layout import Layout
+from services.children.pool import ChildPool
 from services.config import Settings, get_settings
 
 TRACE_TIMEOUT_S = 120.0

@@ -1,6 +1,6 @@
 """The trace child: builds the untrusted module, traces it with torch.fx, prints the op graph.
 
-Runs only inside the sandbox, as a warm child of a ``ChildPool`` (``python -m
+Runs only inside the sandbox, as a pooled child (``services.children.entry``: ``python -m
 coder_svc.template.trace_child WORKDIR DEVICE``, the module source in its one job); the parent
 never executes the module. Parameters and inputs are built on the 'meta'
 device where the module allows it, so huge KernelBench shapes cost no memory; shapes come from
@@ -10,15 +10,13 @@ fx's ShapeProp. Answers one JSON object: ``{"graph": ...}`` or ``{"error": reaso
 from __future__ import annotations
 
 import builtins
-import json
 import math
 import operator
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from reward_svc.harness.report import take_key, write_result
+from services.children.entry import serve
 
 CONSTANT_TYPES = (bool, int, float, str, type(None))
 MAX_CONSTANT_ELEMENTS = 64  # a tensor made from literals in forward; larger ones are declined
@@ -147,25 +145,17 @@ def trace(source: str) -> dict[str, Any]:
     return {"graph": {"nodes": nodes, "traced_on": traced_on}}
 
 
-def main() -> None:
-    """Pool protocol (reward_svc/sandbox.py): warm up, mark ready, take one job from stdin, answer
-    in ``result.json``."""
-    workdir = Path(sys.argv[1])
+def _warm_up(device: str) -> None:
     import torch.fx  # noqa: F401  (the import is most of a child's start-up: paid before the job arrives)
     from torch.fx.passes.shape_prop import ShapeProp  # noqa: F401
 
-    (workdir / "ready").touch()
-    print("ready", flush=True)
-    spec = json.loads(sys.stdin.readline())
-    key = take_key(spec)  # the pool's signing key: taken out before the module runs
-    os.dup2(2, 1)  # whatever the module prints goes to stderr
+
+def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
     try:
-        result = trace(spec["source"])
+        return trace(spec["source"])
     except BaseException as exc:  # noqa: BLE001 (the module's own failure is the answer)
-        result = {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
-    write_result(workdir, key, result)
-    os._exit(0)  # no finalizers of the module's objects run after the answer
+        return {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
 
 
 if __name__ == "__main__":
-    main()
+    serve(handle, _warm_up, quiet_stdout=True)  # whatever the module prints goes to stderr

@@ -30,12 +30,16 @@ from typing import Any
 
 import torch
 
-from reward_svc.harness import tensors
-from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, OpRecorder, install_audit_hook
-from reward_svc.harness.loading import Phases, device_released, import_file
-from reward_svc.harness.native_policy import check_native_sources
-from reward_svc.harness.reference import build_model, timing_rotation
-from reward_svc.harness.report import AUDIT_LOG
+from services.children import tensors
+from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, install_audit_hook
+from services.children.device import device_released
+from services.children.loading import import_file
+from services.children.models import build_model
+from services.children.ops import OpRecorder
+from services.children.phases import Phases
+from reward_svc.policy import check_native_sources
+from reward_svc.harness.reference import timing_rotation
+from services.children.report import AUDIT_LOG
 
 COMPILE_ONLY_MARK = "compiled only"
 SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
@@ -265,7 +269,7 @@ def _time_candidate(model_for: Callable[[int], torch.nn.Module], spec: dict[str,
     custom launches of the timed calls counted, then one more call on another case's values whose
     output the judge holds to that case's answer (``output_timed_<case>``). The timed model holds
     case 0's weights; the check runs on a case with the same weights where there is one."""
-    from reward_svc.harness.timing import time_gpu
+    from services.children.timing import time_gpu
 
     rotation = timing_rotation(exchange, spec["trials"])
     model = model_for(rotation[0])

@@ -1,18 +1,14 @@
-"""Entry point of a sandboxed evaluation child: ``python -m reward_svc.harness.child WORKDIR``.
-
-It warms up first (imports torch and triton, initialises CUDA) and only then blocks on stdin for
-its job, so a pool can keep warm children ready. One child serves exactly one job: no state
-survives from one candidate to the next.
+"""Entry point of a sandboxed evaluation child: ``python -m reward_svc.harness.child WORKDIR DEVICE``
+(``services.children.entry``). It warms up with torch, Triton and, on a GPU, CUDA and the vendor
+libraries; its job is a reference run, a candidate run, or (``prime``) nothing but the warm-up.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
+from typing import Any
 
-from reward_svc.harness.report import take_key, write_result
+from services.children.entry import serve
 
 
 def _warm_up(device: str) -> None:
@@ -56,30 +52,17 @@ def _warm_vendor_libraries() -> None:
     torch.cuda.synchronize()
 
 
-def main() -> None:
-    workdir = Path(sys.argv[1])
-    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
-    _warm_up(device)
-    (workdir / "ready").touch()
-    print("ready", flush=True)
-    spec = json.loads(sys.stdin.readline())
-    key = take_key(spec)  # before anything untrusted runs: the result it signs is the harness's
+def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
     if spec["role"] == "prime":  # warm-up only: its Triton cache becomes the pool's base layer
-        write_result(workdir, key, {"status": "ok"})
-        os._exit(0)
+        return {"status": "ok"}
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference
 
-        result = run_reference(spec, workdir)
-    else:
-        from reward_svc.harness.candidate import run_candidate
+        return run_reference(spec, workdir)
+    from reward_svc.harness.candidate import run_candidate
 
-        result = run_candidate(spec, workdir)  # its trials' outputs are written by now, each with its fingerprint
-    write_result(workdir, key, result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no finalizers: nothing the candidate left behind runs after its result is written
+    return run_candidate(spec, workdir)  # its trials' outputs are written by now, each with its fingerprint
 
 
 if __name__ == "__main__":
-    main()
+    serve(handle, _warm_up)

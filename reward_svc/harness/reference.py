@@ -22,20 +22,11 @@ from typing import Any
 
 import torch
 
-from reward_svc.harness import tensors
-from reward_svc.harness.instrument import OpRecorder
-from reward_svc.harness.loading import Phases, import_file
-
-
-def build_model(module: Any, cls_name: str, weight_seed: int, device: str, init_inputs: list[Any]) -> torch.nn.Module:
-    torch.manual_seed(weight_seed)
-    model = getattr(module, cls_name)(*init_inputs)
-    return model.to(device).eval() if isinstance(model, torch.nn.Module) else model
-
-
-def make_init_inputs(module: Any, weight_seed: int) -> list[Any]:
-    torch.manual_seed(weight_seed)
-    return list(module.get_init_inputs()) if hasattr(module, "get_init_inputs") else []
+from services.children import tensors
+from services.children.loading import import_file
+from services.children.models import build_model, make_init_inputs
+from services.children.ops import OpRecorder
+from services.children.phases import Phases
 
 
 def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -255,7 +246,7 @@ def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: str 
 
 def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
     """Timed on the same rotation of input values as the candidate's timed calls (timing_rotation)."""
-    from reward_svc.harness.timing import time_gpu
+    from services.children.timing import time_gpu
 
     lock, budget_s = spec.get("gpu_lock"), spec.get("timing_budget_s", 10.0)
     timings: dict[str, Any] = {}

@@ -9,7 +9,7 @@ result records which one ran.
 """
 
 from services.sandbox.isolation import sandbox_available
-from services.sandbox.policy import SandboxPolicy, SandboxResult
+from services.sandbox.confinement import Confinement, SandboxResult
 from services.sandbox.process import SandboxProcess, run_sandboxed
 
-__all__ = ["SandboxPolicy", "SandboxProcess", "SandboxResult", "run_sandboxed", "sandbox_available"]
+__all__ = ["Confinement", "SandboxProcess", "SandboxResult", "run_sandboxed", "sandbox_available"]

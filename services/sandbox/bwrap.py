@@ -5,7 +5,7 @@ and its merged-``/usr`` links), a few files of ``/etc`` (the loader's cache, use
 alternatives; never shadow, ssh or the host's other configuration), ``/sys``, the Python
 installation and every import path (of this checkout only its package directories: never its
 ``.env``, ``.git`` or data), a CUDA toolkit outside ``/usr`` where ``CUDA_HOME`` names one, and the
-policy's own dirs. The root itself is an empty read-only tmpfs, so other checkouts, home
+confinement's own dirs. The root itself is an empty read-only tmpfs, so other checkouts, home
 directories, ``/var`` and ``/srv`` are not there at all. It gets a private /tmp, /proc of its own
 PID namespace, a minimal /dev (plus the NVIDIA nodes for GPU work), no network and no System V IPC
 of the host. ``--cap-drop ALL`` matters when the service runs as root: bwrap started by root
@@ -13,7 +13,7 @@ otherwise keeps every capability inside. The child still runs as uid 0 then: run
 dedicated user in production.
 
 Hidden paths (the service user's HOME, /run with its database and Docker sockets, and the
-policy's ``hidden_dirs``) are covered by an empty tmpfs where a bind would otherwise show them.
+confinement's ``hidden_dirs``) are covered by an empty tmpfs where a bind would otherwise show them.
 Unix sockets ignore read-only mounts and network namespaces, which is why /run is hidden. If the
 running Python lives under a hidden dir (pyenv under /root), its prefixes are bound back
 read-only so Python children work.
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.sandbox.policy import SandboxPolicy
+from services.sandbox.confinement import Confinement
 
 _ALWAYS_HIDDEN = (Path("/run"), Path("/var/run"))
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
@@ -42,32 +42,32 @@ ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "pas
 CHECKOUT = Path(os.path.realpath(__file__)).parents[2]
 
 
-def bwrap_argv(bwrap: str, argv: Sequence[str], policy: SandboxPolicy, cwd: Path | None) -> list[str]:
-    """The full bwrap command that runs ``argv`` under ``policy``."""
+def bwrap_argv(bwrap: str, argv: Sequence[str], confinement: Confinement, cwd: Path | None) -> list[str]:
+    """The full bwrap command that runs ``argv`` under ``confinement``."""
     args = [bwrap, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for link in SYSTEM_DIRS:  # merged /usr: /bin -> usr/bin and kin
         path = Path(link)
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), link]
-    if policy.gpu:
+    if confinement.gpu:
         # Only the NVIDIA nodes: all of /dev would hand uid 0 the raw disks.
         for node in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", node, node]
     # Parents before children, so a writable dir under a hidden one (or under /tmp) is bound
     # on top of the tmpfs instead of being covered by it; at equal paths the bind wins.
     mounts: list[tuple[int, int, list[str]]] = []
-    for path in _hidden_paths(policy):
+    for path in _hidden_paths(confinement):
         # A file gets /dev/null on a nodev mount: opening it fails with EACCES.
         op = ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
         mounts.append((len(path.parts), 0, op))
-    for path in _visible(policy) + [_real(p) for p in policy.readonly_dirs]:
+    for path in _visible(confinement) + [_real(p) for p in confinement.readonly_dirs]:
         mounts.append((len(path.parts), 1, ["--ro-bind", str(path), str(path)]))
-    for path in (_real(p) for p in policy.writable_dirs):
+    for path in (_real(p) for p in confinement.writable_dirs):
         mounts.append((len(path.parts), 2, ["--bind", str(path), str(path)]))
     for _, _, op in sorted(mounts, key=lambda m: m[:2]):
         args += op
     args += ["--remount-ro", "/", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    if not policy.network:
+    if not confinement.network:
         args.append("--unshare-net")
     args += ["--chdir", str(cwd or "/tmp"), "--", *argv]
     return args
@@ -77,8 +77,8 @@ def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _hidden_paths(policy: SandboxPolicy) -> list[Path]:
-    candidates = [Path.home(), Path(pwd.getpwuid(os.getuid()).pw_dir), *_ALWAYS_HIDDEN, *policy.hidden_dirs]
+def _hidden_paths(confinement: Confinement) -> list[Path]:
+    candidates = [Path.home(), Path(pwd.getpwuid(os.getuid()).pw_dir), *_ALWAYS_HIDDEN, *confinement.hidden_dirs]
     hidden: list[Path] = []
     for path in candidates:
         # A symlink (/var/run -> /run) is hidden through its target; "/" as HOME must not be.
@@ -90,11 +90,11 @@ def _hidden_paths(policy: SandboxPolicy) -> list[Path]:
     return hidden
 
 
-def _visible(policy: SandboxPolicy) -> list[Path]:
-    """What the child may read besides the policy's dirs: the system, the Python installation and its
-    import path. Of this checkout only its package directories; nothing inside the policy's hidden
+def _visible(confinement: Confinement) -> list[Path]:
+    """What the child may read besides the confinement's dirs: the system, the Python installation and its
+    import path. Of this checkout only its package directories; nothing inside the confinement's hidden
     dirs (those hold secrets)."""
-    secret = [_real(p) for p in policy.hidden_dirs]
+    secret = [_real(p) for p in confinement.hidden_dirs]
     system = [Path(p) for p in SYSTEM_DIRS if Path(p).is_dir() and not Path(p).is_symlink()]
     etc = [Path("/etc") / name for name in ETC_ENTRIES if (Path("/etc") / name).exists()]
     prefixes = {_real(Path(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
@@ -116,7 +116,7 @@ def bwrap_probe() -> tuple[str | None, str]:
         return None, "bwrap is not installed"
     try:
         done = subprocess.run(
-            bwrap_argv(bwrap, [true], SandboxPolicy(), None),
+            bwrap_argv(bwrap, [true], Confinement(), None),
             env={"PATH": "/usr/bin:/bin"},
             capture_output=True,
             timeout=10,

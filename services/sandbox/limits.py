@@ -16,24 +16,24 @@ import os
 import resource
 from collections.abc import Callable
 
-from services.sandbox.policy import SandboxPolicy
+from services.sandbox.confinement import Confinement
 
 Limits = tuple[tuple[int, int], ...]
 
 
-def rlimits(policy: SandboxPolicy) -> Limits:
+def rlimits(confinement: Confinement) -> Limits:
     """(resource, value) pairs to set as both soft and hard limit, so the child cannot raise them."""
     pairs = [
         (resource.RLIMIT_CORE, 0),  # a crashing kernel must not litter the job dir with core files
-        (resource.RLIMIT_FSIZE, policy.max_file_bytes),
-        (resource.RLIMIT_NOFILE, policy.max_open_files),
+        (resource.RLIMIT_FSIZE, confinement.max_file_bytes),
+        (resource.RLIMIT_NOFILE, confinement.max_open_files),
     ]
-    if policy.memory_bytes is not None:
-        pairs.append((resource.RLIMIT_AS, policy.memory_bytes))
-    if policy.cpu_seconds is not None:
-        pairs.append((resource.RLIMIT_CPU, policy.cpu_seconds))
-    if policy.max_processes is not None:
-        pairs.append((resource.RLIMIT_NPROC, policy.max_processes))
+    if confinement.memory_bytes is not None:
+        pairs.append((resource.RLIMIT_AS, confinement.memory_bytes))
+    if confinement.cpu_seconds is not None:
+        pairs.append((resource.RLIMIT_CPU, confinement.cpu_seconds))
+    if confinement.max_processes is not None:
+        pairs.append((resource.RLIMIT_NPROC, confinement.max_processes))
     return tuple((res, _within_hard(res, value)) for res, value in pairs)
 
 

@@ -28,7 +28,7 @@ from services.sandbox.fallback import fallback_prefix
 from services.sandbox.isolation import sandbox_available
 from services.sandbox.limits import preexec, rlimits
 from services.sandbox.output import OutputCollector
-from services.sandbox.policy import SandboxPolicy, SandboxResult
+from services.sandbox.confinement import Confinement, SandboxResult
 
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -36,28 +36,28 @@ _PATH = "/usr/local/bin:/usr/bin:/bin"
 class SandboxProcess:
     """A sandboxed child, started now and given its input later by ``run``."""
 
-    def __init__(self, argv: Sequence[str], policy: SandboxPolicy, cwd: Path | None = None, pass_fds: Sequence[int] = ()) -> None:
+    def __init__(self, argv: Sequence[str], confinement: Confinement, cwd: Path | None = None, pass_fds: Sequence[int] = ()) -> None:
         """``pass_fds``: descriptors the child inherits at the same numbers (a lock it may take, but
         whose file it cannot see); every other descriptor of this process is closed in the child."""
         if not argv:
             raise ValueError("argv is empty")
-        missing = [str(p) for p in (*policy.writable_dirs, *policy.readonly_dirs) if not p.exists()]
+        missing = [str(p) for p in (*confinement.writable_dirs, *confinement.readonly_dirs) if not p.exists()]
         if missing:
             raise FileNotFoundError(f"sandbox dirs do not exist: {', '.join(missing)}")
-        self.policy = policy
+        self.confinement = confinement
         self.isolation = sandbox_available()
         self._private_dir: str | None = None
         if self.isolation == "bwrap":
             bwrap, _ = bwrap_probe()
             assert bwrap is not None  # sandbox_available() said it works
-            command = bwrap_argv(bwrap, argv, policy, cwd)
+            command = bwrap_argv(bwrap, argv, confinement, cwd)
             home = "/tmp"  # the sandbox's private tmpfs
             popen_cwd = "/"  # bwrap's own; --chdir sets the child's
         else:
             self._private_dir = home = tempfile.mkdtemp(prefix="kz-sandbox-")
-            command = [*fallback_prefix(policy.network), *argv]
+            command = [*fallback_prefix(confinement.network), *argv]
             popen_cwd = str(cwd or home)
-        env = {"PATH": _PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **policy.env}
+        env = {"PATH": _PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **confinement.env}
         self._lock = threading.Lock()
         self._ran = False
         try:
@@ -71,7 +71,7 @@ class SandboxProcess:
                 close_fds=True,
                 pass_fds=tuple(pass_fds),
                 start_new_session=True,  # own process group, and no controlling terminal
-                preexec_fn=preexec(rlimits(policy)),
+                preexec_fn=preexec(rlimits(confinement)),
             )
         except BaseException:
             self._remove_private_dir()
@@ -84,14 +84,14 @@ class SandboxProcess:
         except (AttributeError, OSError):
             self._pidfd = None
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._output = OutputCollector((self._proc.stdout, self._proc.stderr), policy.max_output_bytes)
+        self._output = OutputCollector((self._proc.stdout, self._proc.stderr), confinement.max_output_bytes)
 
     @property
     def alive(self) -> bool:
         return not self._exited(0)
 
     def run(self, stdin: bytes = b"") -> SandboxResult:
-        """Send ``stdin``, wait up to the policy's wall timeout, kill the tree, report."""
+        """Send ``stdin``, wait up to the confinement's wall timeout, kill the tree, report."""
         with self._lock:
             if self._ran:
                 raise RuntimeError("SandboxProcess.run may be called once")
@@ -100,7 +100,7 @@ class SandboxProcess:
         assert self._proc.stdin is not None
         feeder = threading.Thread(target=_feed, args=(self._proc.stdin, stdin), name="sandbox-stdin", daemon=True)
         feeder.start()
-        timed_out = not self._exited(self.policy.wall_timeout_s)
+        timed_out = not self._exited(self.confinement.wall_timeout_s)
         wall_s = time.monotonic() - start
         self.kill()
         feeder.join()
@@ -171,10 +171,10 @@ class SandboxProcess:
 
 
 def run_sandboxed(
-    argv: Sequence[str], policy: SandboxPolicy, stdin: bytes = b"", cwd: Path | None = None
+    argv: Sequence[str], confinement: Confinement, stdin: bytes = b"", cwd: Path | None = None
 ) -> SandboxResult:
     """Start a sandboxed child and run it to the end."""
-    return SandboxProcess(argv, policy, cwd).run(stdin)
+    return SandboxProcess(argv, confinement, cwd).run(stdin)
 
 
 def _feed(stream: IO[bytes], data: bytes) -> None:

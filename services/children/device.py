@@ -1,28 +1,13 @@
-"""Loading what a child runs: a module from a file (Triton reads its kernels' source there), the GPU lock."""
+"""The device lock: GPU work of every child and worker takes it, shared for correctness work, exclusive for timing."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.util
 import os
-import sys
 import threading
-import time
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-
-
-def import_file(path: Path, module_name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
@@ -111,27 +96,3 @@ def device_released() -> Iterator[None]:
         yield
     finally:
         _take(lock_fd, gate, mode)
-
-
-class Phases:
-    """Seconds per phase of a child's job, reported with its result: where the time went."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._mark = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        """Charge the time since the previous lap to ``name`` (repeated names add up)."""
-        now = time.perf_counter()
-        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._mark, 3)
-        self._mark = now
-
-    @contextlib.contextmanager
-    def on_device(self, lock: str | None, work: str, *, exclusive: bool = False) -> Iterator[None]:
-        """A block of GPU work under the device lock, charged to ``work``; the wait to ``lock_wait``
-        and anything since the last lap to ``host``."""
-        self.lap("host")
-        with gpu_lock(lock, exclusive=exclusive):
-            self.lap("lock_wait")
-            yield
-            self.lap(work)

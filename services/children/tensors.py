@@ -209,3 +209,21 @@ def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
     copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``."""
     loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     return loaded if device == "cpu" else to_device(loaded, device)
+
+
+COPY_SHARE = 0.99  # a launch's result this much bit for bit one of its inputs, place for place, is a copy
+
+
+def is_copy_of(t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
+    """Whether ``t`` holds (nearly all of) another launch argument's values in the same places: a copy
+    kernel computes nothing, so the knockout leaves what it wrote alone and the kernels' share of the
+    output shows it."""
+    return any(source.numel() == t.numel() and source.dtype == t.dtype and source.data_ptr() != t.data_ptr() and t.numel()
+               and same_share(t, source) >= COPY_SHARE for source in sources)
+
+
+def storage_id(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, nested): never matches
+        return -1

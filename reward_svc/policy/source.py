@@ -33,7 +33,7 @@ objects:
   forged pointer for a Triton launch).
 
 What it cannot see: native code. ``load_inline`` C++/CUDA and Triton's pointer arithmetic run
-with the process's full power; the harness checks those sources separately (``native_policy``)
+with the process's full power; the harness checks those sources separately (``policy.native``)
 and the judge re-derives what it can from output files (see docs/ARCHITECTURE.md, "Trust
 boundary"). A violation is a ``rejected`` verdict naming the rule and the line.
 """

@@ -1,6 +1,6 @@
 """How a sandboxed child hands its result to its pool: ``result.json``, signed.
 
-The pool (``reward_svc.sandbox.Child.run``) puts a fresh key in every job's spec; the child's entry
+The pool (``pool.Child.run``) puts a fresh key in every job's spec; the child's entry
 point takes it out before anything untrusted runs and signs its result with it. The worker reads
 only a result whose signature holds: a ``result.json`` written by anything else in the child (native
 code of a candidate that found the work dir writable) is recognised as forged. Kept free of heavy

@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 
 @dataclass(frozen=True)
-class SandboxPolicy:
+class Confinement:
     """Limits and visibility for one sandboxed child.
 
     ``max_processes`` sets RLIMIT_NPROC, which the kernel counts per *user*, over all of that
