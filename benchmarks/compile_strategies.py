@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,13 @@ from reward_svc import compile as kzc  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "elementwise_add"
 LOAD_KWARGS: dict[str, Any] = dict(
-    name=NAME, cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE, functions=["elementwise_add_cuda"],
-    verbose=False, extra_cflags=[""], extra_ldflags=[""],
+    name=NAME,
+    cpp_sources=CPP_SOURCE,
+    cuda_sources=CUDA_SOURCE,
+    functions=["elementwise_add_cuda"],
+    verbose=False,
+    extra_cflags=[""],
+    extra_ldflags=[""],
 )
 TORCH_DEFAULT_ARCH = ("-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90")
 
@@ -94,17 +99,31 @@ def pch_rows(toolchain: kzc.Toolchain, work: Path) -> list[Row]:
     (pch_dir / "kz_bindings.h").write_text(header or "")
     flags = kzc.cpp_flags(req, toolchain)
     started = time.perf_counter()
-    made = subprocess.run([toolchain.cxx, *flags, "-x", "c++-header", str(pch_dir / "kz_bindings.h"), "-o", str(pch_dir / "kz_bindings.h.gch")], capture_output=True, text=True)
+    made = subprocess.run(
+        [toolchain.cxx, *flags, "-x", "c++-header", str(pch_dir / "kz_bindings.h"), "-o", str(pch_dir / "kz_bindings.h.gch")],
+        capture_output=True,
+        text=True,
+    )
     built = time.perf_counter() - started
     size_mb = (pch_dir / "kz_bindings.h.gch").stat().st_size / 2**20 if made.returncode == 0 else 0.0
     main = work / "pch_main.cpp"
     main.write_text(kzc.cpp_unit(req, "light"))
     started = time.perf_counter()
-    used = subprocess.run([toolchain.cxx, *flags, "-Winvalid-pch", "-H", f"-I{pch_dir}", "-c", str(main), "-o", str(work / "pch_main.o")], capture_output=True, text=True)
+    used = subprocess.run(
+        [toolchain.cxx, *flags, "-Winvalid-pch", "-H", f"-I{pch_dir}", "-c", str(main), "-o", str(work / "pch_main.o")],
+        capture_output=True,
+        text=True,
+    )
     used_s = time.perf_counter() - started
     hit = "kz_bindings.h.gch" in used.stderr
     return [
-        Row("main.cpp (c++ -c)", "PCH build (light prelude, once per flag set)", built, made.returncode == 0, f"{size_mb:.0f} MiB .gch"),
+        Row(
+            "main.cpp (c++ -c)",
+            "PCH build (light prelude, once per flag set)",
+            built,
+            made.returncode == 0,
+            f"{size_mb:.0f} MiB .gch",
+        ),
         Row("main.cpp (c++ -c)", "tier light + PCH", used_s, used.returncode == 0 and hit, "PCH used" if hit else "PCH NOT used"),
     ]
 
@@ -121,7 +140,9 @@ def end_to_end_rows(cache: Path, *, compile_only: bool) -> list[Row]:
     from torch.utils.cpp_extension import load_inline
 
     module = load_inline(**LOAD_KWARGS)
-    rows.append(Row("end to end", "miss, default plan (parallel)", log.entries[-1].seconds, log.entries[-1].ok, log.entries[-1].strategy))
+    rows.append(
+        Row("end to end", "miss, default plan (parallel)", log.entries[-1].seconds, log.entries[-1].ok, log.entries[-1].strategy)
+    )
     if not compile_only:
         rows.append(call_row(module))
     load_inline(**LOAD_KWARGS)
@@ -233,7 +254,7 @@ def main() -> None:
         rows += end_to_end_rows(work / "cache", compile_only=not args.gpu)
     show(rows)
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": info,
         "load_average_at_end": os.getloadavg(),
         "kernel": "KernelBench elementwise_add (torch/extension.h in cuda_sources)",

@@ -55,7 +55,7 @@ for step in "$@"; do
         eval)
             mkdir -p "$RESULTS/eval"
             [ -n "${EVAL_RESUME:-}" ] && cp "$EVAL_RESUME" "$RESULTS/eval/samples.jsonl"
-            python3 -m services.cli.main eval --problems "$KB/KernelBench" --levels "$arg" --backend triton --samples 1 \
+            python3 -m kernelzero eval --problems "$KB/KernelBench" --levels "$arg" --backend triton --samples 1 \
                 --model-backend template --device cuda --concurrency "${EVAL_CONCURRENCY:-2}" ${EVAL_REDO:+--redo "$EVAL_REDO"} \
                 --out "$RESULTS/eval" ;;
         reward)

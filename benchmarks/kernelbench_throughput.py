@@ -47,7 +47,7 @@ import threading
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,8 @@ KB_TIMEOUT_S = 180
 
 
 def prepare(problems: Path, candidates: Path, limit: int) -> None:
-    from coder_svc.models.base import Sampling
     from coder_svc.template import TemplateGenerator
+    from services.llm.chat import Sampling
 
     generator = TemplateGenerator()
     candidates.mkdir(parents=True, exist_ok=True)
@@ -102,8 +102,11 @@ Work = tuple[str, str, list[str]]  # problem file name, reference source, the gr
 
 
 def problem_groups(problems: Path, candidates: Path, group: int) -> list[Work]:
-    return [(c.name, (problems / c.name).read_text(), tuning_variants(c.read_text(), group))
-            for c in sorted(candidates.glob("*.py")) if (problems / c.name).exists()]
+    return [
+        (c.name, (problems / c.name).read_text(), tuning_variants(c.read_text(), group))
+        for c in sorted(candidates.glob("*.py"))
+        if (problems / c.name).exists()
+    ]
 
 
 def _sample_name(problem: str, variant: int, group: int) -> str:
@@ -135,7 +138,7 @@ class UtilisationSampler:
 
             pynvml.nvmlInit()
             gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 (no NVML: CPU figures only)
+        except Exception:  # no NVML: CPU figures only
             pynvml = gpu = None
         psutil.cpu_percent()
         while not self._stop.wait(1.0):
@@ -149,8 +152,13 @@ class UtilisationSampler:
 
     def summary(self) -> dict[str, Any]:
         keys = sorted({k for s in self.samples for k in s})
-        return {k: {"mean": round(statistics.fmean(s[k] for s in self.samples if k in s), 1),
-                    "max": round(max(s[k] for s in self.samples if k in s), 1)} for k in keys} | {"seconds": len(self.samples)}
+        return {
+            k: {
+                "mean": round(statistics.fmean(s[k] for s in self.samples if k in s), 1),
+                "max": round(max(s[k] for s in self.samples if k in s), 1),
+            }
+            for k in keys
+        } | {"seconds": len(self.samples)}
 
 
 # ----------------------------------------------------------------------------- KernelBench
@@ -172,16 +180,27 @@ def _kb_eval_one(kernelbench: str, reference: str, candidate: str, build_dir: st
 
     try:
         result = eval_kernel_against_ref(
-            original_model_src=reference, custom_model_src=candidate, measure_performance=True, timing_method="cuda_event",
-            num_correct_trials=5, num_perf_trials=100, build_dir=build_dir, device=torch.device("cuda:0"), backend="triton",
+            original_model_src=reference,
+            custom_model_src=candidate,
+            measure_performance=True,
+            timing_method="cuda_event",
+            num_correct_trials=5,
+            num_perf_trials=100,
+            build_dir=build_dir,
+            device=torch.device("cuda:0"),
+            backend="triton",
             precision=torch.float32,
         )
     except Exception as exc:  # their wrapper's last-level catch
         return {"compiled": False, "correct": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     if result is None:
         return {"compiled": False, "correct": False, "error": "no result"}
-    return {"compiled": bool(result.compiled), "correct": bool(result.correctness), "runtime_us": result.runtime,
-            "ref_runtime_us": getattr(result, "ref_runtime", None)}
+    return {
+        "compiled": bool(result.compiled),
+        "correct": bool(result.correctness),
+        "runtime_us": result.runtime,
+        "ref_runtime_us": getattr(result, "ref_runtime", None),
+    }
 
 
 def _checkpoint(rows: list[dict[str, Any]], partial: Path) -> None:
@@ -194,17 +213,25 @@ def run_kernelbench(work: list[Work], kernelbench: Path, partial: Path, group: i
     set longer than one device call is timed over several (the rate is over the rows' wall times).
     ``variant``: only that sample of each group (their rate per sample, without timing every one)."""
     context = mp.get_context("spawn")
-    samples = [(_sample_name(name, i, group), reference, candidate)
-               for name, reference, candidates in work for i, candidate in enumerate(candidates) if variant in (None, i)]
+    samples = [
+        (_sample_name(name, i, group), reference, candidate)
+        for name, reference, candidates in work
+        for i, candidate in enumerate(candidates)
+        if variant in (None, i)
+    ]
     names = {s[0] for s in samples}
     rows = [r for r in _load_rows(partial) if r["problem"] in names]
     done = {r["problem"] for r in rows}
     with tempfile.TemporaryDirectory() as build_root:
-        for name, reference, candidate in track([s for s in samples if s[0] not in done], description="KernelBench eval", console=console):
+        for name, reference, candidate in track(
+            [s for s in samples if s[0] not in done], description="KernelBench eval", console=console
+        ):
             t0 = time.perf_counter()
             with context.Pool(1) as pool:
                 try:
-                    row = pool.apply_async(_kb_eval_one, (str(kernelbench), reference, candidate, f"{build_root}/{name}")).get(timeout=KB_TIMEOUT_S)
+                    row = pool.apply_async(_kb_eval_one, (str(kernelbench), reference, candidate, f"{build_root}/{name}")).get(
+                        timeout=KB_TIMEOUT_S
+                    )
                 except mp.TimeoutError:
                     row = {"compiled": False, "correct": False, "error": "timeout"}
             rows.append({"problem": name, "wall_s": round(time.perf_counter() - t0, 3), **row})
@@ -223,10 +250,11 @@ def _load_rows(partial: Path) -> list[dict[str, Any]]:
 
 def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> dict[str, Any]:
     """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs."""
-    from reward_svc.evaluate import EvalOptions, Evaluator, warm_children
+    from reward_svc.evaluate import Evaluator, warm_children
+    from services.schemas.reward import ScoreOptions
 
     evaluator = Evaluator()
-    options = EvalOptions(backend="triton", device="cuda")
+    options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda", options.timeout_s)
     warmed = pool.wait_ready(timeout_s=300)
     rows: list[dict[str, Any]] = []
@@ -235,9 +263,20 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
         t0 = time.perf_counter()
         verdicts = evaluator.evaluate_group(reference, candidates, options).verdicts
         wall = round(time.perf_counter() - t0, 3)
-        return [{"problem": _sample_name(name, i, group), "group_wall_s": wall, "wall_s": round(wall / len(verdicts), 3),
-                 "status": v.status, "correct": v.correct, "speedup": v.speedup, "reason": v.reason[:200],
-                 "seconds": v.details.get("seconds"), "phases": v.details.get("phases")} for i, v in enumerate(verdicts)]
+        return [
+            {
+                "problem": _sample_name(name, i, group),
+                "group_wall_s": wall,
+                "wall_s": round(wall / len(verdicts), 3),
+                "status": v.status,
+                "correct": v.correct,
+                "speedup": v.speedup,
+                "reason": v.reason[:200],
+                "seconds": v.details.get("seconds"),
+                "phases": v.details.get("phases"),
+            }
+            for i, v in enumerate(verdicts)
+        ]
 
     started = time.perf_counter()
     executor = ThreadPoolExecutor(max_workers=concurrency)
@@ -255,16 +294,31 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
         executor.shutdown(wait=not cut, cancel_futures=True)
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
-    summary.update(concurrency=concurrency, group=group, warm_children=warm_children(evaluator.settings, "cuda"),
-                   pool_warm_at_start=warmed, utilisation=sampler.summary(), cut=cut,
-                   exchange={"budget_bytes": evaluator.exchange_max_bytes, "scratch_total_bytes": shutil.disk_usage(evaluator.layout.exchange).total})
+    summary.update(
+        concurrency=concurrency,
+        group=group,
+        warm_children=warm_children(evaluator.settings, "cuda"),
+        pool_warm_at_start=warmed,
+        utilisation=sampler.summary(),
+        cut=cut,
+        exchange={
+            "budget_bytes": evaluator.exchange_max_bytes,
+            "scratch_total_bytes": shutil.disk_usage(evaluator.layout.exchange).total,
+        },
+    )
     return summary
 
 
 def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
     walls = [r["wall_s"] for r in rows]
-    return {"candidates": len(rows), "total_s": round(total_s, 2), "candidates_per_min": round(60 * len(rows) / total_s, 2) if total_s else None,
-            "p50_s": round(statistics.median(walls), 3) if walls else None, "correct": sum(bool(r.get("correct")) for r in rows), "rows": rows}
+    return {
+        "candidates": len(rows),
+        "total_s": round(total_s, 2),
+        "candidates_per_min": round(60 * len(rows) / total_s, 2) if total_s else None,
+        "p50_s": round(statistics.median(walls), 3) if walls else None,
+        "correct": sum(bool(r.get("correct")) for r in rows),
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -286,21 +340,34 @@ def main() -> None:
     work = problem_groups(args.problems, args.candidates, args.group)[: args.limit]
     import torch
 
-    report: dict[str, Any] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              "machine": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
-                                          "cpus": mp.cpu_count()},
-                              "problems": len(work), "group": args.group}
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cpus": mp.cpu_count(),
+        },
+        "problems": len(work),
+        "group": args.group,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only != "kernelbench":
         from services.config import get_settings
 
-        report["ours"] = run_ours(work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group)
+        report["ours"] = run_ours(
+            work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group
+        )
     if args.only != "ours":
-        report["kernelbench"] = run_kernelbench(work, args.kernelbench, args.out / "kernelbench_rows.jsonl", args.group, args.variant)
+        report["kernelbench"] = run_kernelbench(
+            work, args.kernelbench, args.out / "kernelbench_rows.jsonl", args.group, args.variant
+        )
     if "ours" in report and "kernelbench" in report:
         report["throughput_ratio"] = round(report["ours"]["candidates_per_min"] / report["kernelbench"]["candidates_per_min"], 2)
         theirs = {r["problem"]: r["correct"] for r in report["kernelbench"]["rows"]}
-        report["agreement"] = sum(r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"] if r["problem"] in theirs)
+        report["agreement"] = sum(
+            r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"] if r["problem"] in theirs
+        )
     (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
     table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates, groups of {args.group}")
     for column in ("evaluator", "candidates/min", "p50 s", "correct"):

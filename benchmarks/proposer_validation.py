@@ -49,15 +49,24 @@ def machine() -> dict[str, Any]:
 
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "load_avg_at_start": os.getloadavg(),
     }
 
 
 def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-                    TimeElapsedColumn(), TimeRemainingColumn())
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[last]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
 
 
 def resource_limited(result: ValidationResult) -> bool:
@@ -67,15 +76,22 @@ def resource_limited(result: ValidationResult) -> bool:
 def summarise(results: list[ValidationResult]) -> dict[str, Any]:
     by_rule = collections.Counter(r.rule or "valid" for r in results)
     return {
-        "total": len(results), "valid": by_rule.pop("valid", 0), "by_rule": dict(by_rule.most_common()),
+        "total": len(results),
+        "valid": by_rule.pop("valid", 0),
+        "by_rule": dict(by_rule.most_common()),
         "resource_limited": sum(1 for r in results if not r.valid and resource_limited(r)),
     }
 
 
 def failure_entry(name: str, result: ValidationResult) -> dict[str, Any]:
     keep = ("input_shapes", "output_shapes", "runtime_ms", "parameters", "seed_change", "parameter_change")
-    return {"name": name, "rule": result.rule, "reason": result.reason, "resource_limited": resource_limited(result),
-            **{k: result.details[k] for k in keep if k in result.details}}
+    return {
+        "name": name,
+        "rule": result.rule,
+        "reason": result.reason,
+        "resource_limited": resource_limited(result),
+        **{k: result.details[k] for k in keep if k in result.details},
+    }
 
 
 def write(path: Path, report: dict[str, Any]) -> None:
@@ -83,8 +99,13 @@ def write(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
 
 
-_OPS = {ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub, ast.FloorDiv: operator.floordiv,
-        ast.Pow: operator.pow}
+_OPS = {
+    ast.Mult: operator.mul,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
+}
 
 
 def _int_value(node: ast.expr) -> int | None:
@@ -118,10 +139,17 @@ def shrink_source(source: str, cap: int, batch_cap: int) -> str:
 
 def run_problems(args: argparse.Namespace, options: ValidationOptions, validator: Validator) -> dict[str, Any]:
     files = [(d, f) for d in args.problems for f in sorted(Path(d).glob("*.py"), key=_problem_order)]
-    report: dict[str, Any] = {"what": "KernelBench-format directories", "machine": machine(), "device": validator.device,
-                              "options": asdict(options), "memory_limit_bytes": validator.settings.sandbox_memory_bytes,
-                              "parallel": args.parallel, "directories": {}, "failures": [],
-                              "shrunk": {"cap": args.shrink, "batch_cap": args.shrink_batch or args.shrink} if args.shrink else None}
+    report: dict[str, Any] = {
+        "what": "KernelBench-format directories",
+        "machine": machine(),
+        "device": validator.device,
+        "options": asdict(options),
+        "memory_limit_bytes": validator.settings.sandbox_memory_bytes,
+        "parallel": args.parallel,
+        "directories": {},
+        "failures": [],
+        "shrunk": {"cap": args.shrink, "batch_cap": args.shrink_batch or args.shrink} if args.shrink else None,
+    }
     suffix = "_shrunk" if args.shrink else ""
     out = args.out or RESULTS / f"proposer_validation_kernelbench_{validator.device}{suffix}.json"
     sources = [f.read_text() for _, f in files]
@@ -171,24 +199,34 @@ def _fill_problem_report(report: dict[str, Any], files: list[tuple[str, Path]], 
         mine = [results[i] for i, (d, _) in enumerate(files) if d == directory and i in results]
         report["directories"][directory] = summarise(mine)
     report["overall"] = summarise(list(results.values()))
-    report["failures"] = [failure_entry(f"{Path(d).name}/{f.name}", results[i])
-                          for i, (d, f) in enumerate(files) if i in results and not results[i].valid]
+    report["failures"] = [
+        failure_entry(f"{Path(d).name}/{f.name}", results[i])
+        for i, (d, f) in enumerate(files)
+        if i in results and not results[i].valid
+    ]
 
 
 def run_composer(args: argparse.Namespace, options: ValidationOptions, validator: Validator) -> dict[str, Any]:
     import random
 
     from proposer_svc.catalog import CATALOG
-    from proposer_svc.compose.base import CompositionDeclined, ProposalHints
+    from proposer_svc.compose.base import ProposalHints
     from proposer_svc.compose.programmatic import ProgrammaticComposer
     from proposer_svc.mining import default_corpus, mine
     from proposer_svc.sampling import sample_api_set
+    from services.outcomes import Declined
 
     settings = validator.settings
     out = args.out or RESULTS / f"proposer_validation_composer_{validator.device}.json"
-    report: dict[str, Any] = {"what": f"{args.composer} modules from the programmatic composer", "machine": machine(),
-                              "device": validator.device, "options": asdict(options), "parallel": args.parallel,
-                              "api_set_size": settings.proposer_api_set_size, "temperature": settings.proposer_sample_temperature}
+    report: dict[str, Any] = {
+        "what": f"{args.composer} modules from the programmatic composer",
+        "machine": machine(),
+        "device": validator.device,
+        "options": asdict(options),
+        "parallel": args.parallel,
+        "api_set_size": settings.proposer_api_set_size,
+        "temperature": settings.proposer_sample_temperature,
+    }
     t0 = time.monotonic()
     stats = mine(default_corpus()).stats  # the default corpus, in memory: the benchmark touches no database
     report["mining_s"] = time.monotonic() - t0
@@ -206,29 +244,34 @@ def run_composer(args: argparse.Namespace, options: ValidationOptions, validator
             while len(batch) < min(args.batch, args.composer - len(results)):
                 t0 = time.monotonic()
                 rng = random.Random(seed)
-                api_set = sample_api_set(stats, CATALOG, settings.proposer_api_set_size, rng,
-                                         temperature=settings.proposer_sample_temperature)
+                api_set = sample_api_set(
+                    stats, CATALOG, settings.proposer_api_set_size, rng, temperature=settings.proposer_sample_temperature
+                )
                 try:
                     batch.append(composer.compose(api_set, ProposalHints(seed=seed)))
-                except CompositionDeclined as exc:
+                except Declined as exc:
                     declined[str(exc)[:100]] += 1
                 compose_s += time.monotonic() - t0
                 seed += 1
-            known = {r.graph_hash for _, r in results if r.valid and r.graph_hash} | {r.source_hash for _, r in results if r.valid}
+            known = {r.graph_hash for _, r in results if r.valid and r.graph_hash} | {
+                r.source_hash for _, r in results if r.valid
+            }
 
             def on_result(i: int, result: ValidationResult, batch: list[Any] = batch) -> None:
                 bar.update(task, advance=1, last=f"{'+'.join(batch[i].api_set)[:50]}: {result.rule or 'valid'}")
 
-            verdicts = validator.validate_many([m.source for m in batch], known_hashes=known, parallel=args.parallel,
-                                               on_result=on_result)
+            verdicts = validator.validate_many(
+                [m.source for m in batch], known_hashes=known, parallel=args.parallel, on_result=on_result
+            )
             results.extend(zip(batch, verdicts))
             report.update(_composer_summary(results, declined, time.monotonic() - started, compose_s))
             write(out, report)
     return report
 
 
-def _composer_summary(results: list[tuple[Any, ValidationResult]], declined: collections.Counter[str], wall_s: float,
-                      compose_s: float) -> dict[str, Any]:
+def _composer_summary(
+    results: list[tuple[Any, ValidationResult]], declined: collections.Counter[str], wall_s: float, compose_s: float
+) -> dict[str, Any]:
     valid = [m for m, r in results if r.valid]
     apis = {a for m in valid for a in m.api_set}
     pairs = {p for m in valid for p in itertools.combinations(sorted(set(m.api_set)), 2)}
@@ -237,15 +280,18 @@ def _composer_summary(results: list[tuple[Any, ValidationResult]], declined: col
         **summarise([r for _, r in results]),
         "share_valid": len(valid) / len(results) if results else 0.0,
         "declined_by_composer": dict(declined.most_common()),
-        "distinct_apis_valid": len(apis), "distinct_api_pairs_valid": len(pairs),
+        "distinct_apis_valid": len(apis),
+        "distinct_api_pairs_valid": len(pairs),
         "distinct_apis_all": len({a for m, _ in results for a in m.api_set}),
-        "wall_s": wall_s, "compose_s": compose_s,
+        "wall_s": wall_s,
+        "compose_s": compose_s,
         "proposals_per_minute": 60 * len(results) / wall_s if wall_s else None,
         "valid_per_minute": 60 * len(valid) / wall_s if wall_s else None,
         "median_runtime_ms": _median([r.details.get("runtime_ms") for _, r in results if r.valid]),
         "failure_reasons": dict(reasons.most_common(30)),
-        "failures": [{"api_set": m.api_set, "rule": r.rule, "reason": r.reason, "source": m.source}
-                     for m, r in results if not r.valid][:40],
+        "failures": [
+            {"api_set": m.api_set, "rule": r.rule, "reason": r.reason, "source": m.source} for m, r in results if not r.valid
+        ][:40],
     }
 
 
@@ -270,8 +316,13 @@ def main() -> None:
     parser.add_argument("--dedupe", action="store_true", help="--problems: also report duplicates among the files")
     parser.add_argument("--seed", type=int, default=0, help="--composer: first seed")
     parser.add_argument("--batch", type=int, default=50, help="--composer: modules validated per batch")
-    parser.add_argument("--shrink", type=int, default=0, metavar="CAP",
-                        help="--problems: cap the module-level size constants at CAP (0: run the files as they are)")
+    parser.add_argument(
+        "--shrink",
+        type=int,
+        default=0,
+        metavar="CAP",
+        help="--problems: cap the module-level size constants at CAP (0: run the files as they are)",
+    )
     parser.add_argument("--shrink-batch", type=int, default=None, help="--shrink: cap of batch* constants (default: CAP)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

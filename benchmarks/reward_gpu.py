@@ -61,14 +61,26 @@ def timing_accuracy() -> dict:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per_call = []
     for _ in range(20):
-        start.record(); graph.replay(); end.record(); torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
         per_call.append(start.elapsed_time(end) / 100)
     naive = []
     for _ in range(100):
-        torch.cuda.synchronize(); start.record(); fn(); end.record(); torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
         naive.append(start.elapsed_time(end))
-    return {"ours_ms": ours, "do_bench_ms": do_bench, "cuda_graph_ms": statistics.median(per_call),
-            "naive_events_ms": statistics.median(naive), "ours_vs_do_bench": ours / do_bench}
+    return {
+        "ours_ms": ours,
+        "do_bench_ms": do_bench,
+        "cuda_graph_ms": statistics.median(per_call),
+        "naive_events_ms": statistics.median(naive),
+        "ours_vs_do_bench": ours / do_bench,
+    }
 
 
 def relu_reference(numel: int) -> str:
@@ -79,49 +91,57 @@ def relu_reference(numel: int) -> str:
 
 def repeatability(evaluator) -> dict:  # type: ignore[no-untyped-def]
     from reward_cases import CORRECT
-    from reward_svc.evaluate import EvalOptions
+    from services.schemas.reward import ScoreOptions
 
     reference = relu_reference(1 << 26)  # 256 MB in, 256 MB out: ~120 µs on an H200
     speedups, runtimes = [], []
     for _ in range(5):
-        verdict = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cuda", trials=2)).verdicts[0]
+        verdict = evaluator.evaluate_group(reference, [CORRECT], ScoreOptions(device="cuda", trials=2)).verdicts[0]
         assert verdict.status == "correct", verdict.reason
         speedups.append(verdict.speedup)
         runtimes.append(verdict.runtime_ms)
-    return {"speedups": speedups, "runtime_ms": runtimes,
-            "speedup_cv": statistics.pstdev(speedups) / statistics.fmean(speedups),
-            "runtime_cv": statistics.pstdev(runtimes) / statistics.fmean(runtimes)}
+    return {
+        "speedups": speedups,
+        "runtime_ms": runtimes,
+        "speedup_cv": statistics.pstdev(speedups) / statistics.fmean(speedups),
+        "runtime_cv": statistics.pstdev(runtimes) / statistics.fmean(runtimes),
+    }
 
 
 def triton_end_to_end(evaluator) -> dict:  # type: ignore[no-untyped-def]
     from reward_cases import CORRECT, RELU_REFERENCE
-    from reward_svc.evaluate import EvalOptions
+    from services.schemas.reward import ScoreOptions
 
     # A warm worker: its pool finished warming before the first request, as for a worker that was
     # running when the jobs arrived; then requests back to back, each waiting for its verdict.
-    warmed = evaluator.pool("cuda", EvalOptions().timeout_s).wait_ready(timeout_s=300)
+    warmed = evaluator.pool("cuda", ScoreOptions().timeout_s).wait_ready(timeout_s=300)
     walls, statuses = [], []
     for i in range(10):
         source = CORRECT + f"\n# variant {i}\n"  # a new source each time: no compile cache
         start = time.perf_counter()
-        verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], EvalOptions(device="cuda")).verdicts[0]
+        verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], ScoreOptions(device="cuda")).verdicts[0]
         walls.append(time.perf_counter() - start)
         statuses.append(verdict.status)
-    return {"walls_s": walls, "p50_s": statistics.median(walls), "statuses": statuses, "pool_warm_at_start": warmed,
-            "warm_children": evaluator.pool("cuda", EvalOptions().timeout_s).size}
+    return {
+        "walls_s": walls,
+        "p50_s": statistics.median(walls),
+        "statuses": statuses,
+        "pool_warm_at_start": warmed,
+        "warm_children": evaluator.pool("cuda", ScoreOptions().timeout_s).size,
+    }
 
 
 def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
     from cuda_cases import CUDA_RELU
     from reward_cases import RELU_REFERENCE
-    from reward_svc.evaluate import EvalOptions
+    from services.schemas.reward import ScoreOptions
 
     cold, hits, statuses = [], [], []
     for i in range(3):
         source = CUDA_RELU.replace("relu_ext", f"relu_ext_{i}")
         for bucket in (cold, hits):
             start = time.perf_counter()
-            verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
+            verdict = evaluator.evaluate_group(RELU_REFERENCE, [source], ScoreOptions(backend="cuda", device="cuda")).verdicts[0]
             bucket.append(time.perf_counter() - start)
             statuses.append((verdict.status, verdict.details.get("compile_cache_hit"), verdict.speedup))
     # The compile alone, in a plain process (what the evaluation's wall time above includes).
@@ -136,34 +156,54 @@ def cuda_compile(evaluator) -> dict:  # type: ignore[no-untyped-def]
     cache = tempfile.mkdtemp()
     runs = [subprocess.run([sys.executable, "-c", script, cache], capture_output=True, text=True, check=True) for _ in range(2)]
     compile_only = [float(run.stdout.split()[-1]) for run in runs]
-    return {"eval_cold_s": cold, "eval_hit_s": hits, "eval_cold_p50_s": statistics.median(cold),
-            "eval_hit_p50_s": statistics.median(hits), "statuses": statuses,
-            "load_inline_cold_s": compile_only[0], "load_inline_hit_s": compile_only[1],
-            "load_inline_cold_strategy": runs[0].stderr.strip().splitlines()[-1] if runs[0].stderr.strip() else None}
+    return {
+        "eval_cold_s": cold,
+        "eval_hit_s": hits,
+        "eval_cold_p50_s": statistics.median(cold),
+        "eval_hit_p50_s": statistics.median(hits),
+        "statuses": statuses,
+        "load_inline_cold_s": compile_only[0],
+        "load_inline_hit_s": compile_only[1],
+        "load_inline_cold_strategy": runs[0].stderr.strip().splitlines()[-1] if runs[0].stderr.strip() else None,
+    }
 
 
 def compiled_reference(evaluator) -> dict:  # type: ignore[no-untyped-def]
     """The reference timed in eager mode and under torch.compile, in the same sandboxed child."""
     from reward_cases import CORRECT
-    from reward_svc.evaluate import EvalOptions
+    from services.schemas.reward import ScoreOptions
 
     reference = relu_reference(1 << 24)
     start = time.perf_counter()
-    verdict = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cuda", time_compiled=True)).verdicts[0]
-    return {"status": verdict.status, "wall_s": time.perf_counter() - start, "ref_runtime_ms": verdict.ref_runtime_ms,
-            "runtime_ms": verdict.runtime_ms, "speedup": verdict.speedup, "speedup_vs_compiled": verdict.details.get("speedup_vs_compiled")}
+    verdict = evaluator.evaluate_group(reference, [CORRECT], ScoreOptions(device="cuda", time_compiled=True)).verdicts[0]
+    return {
+        "status": verdict.status,
+        "wall_s": time.perf_counter() - start,
+        "ref_runtime_ms": verdict.ref_runtime_ms,
+        "runtime_ms": verdict.runtime_ms,
+        "speedup": verdict.speedup,
+        "speedup_vs_compiled": verdict.details.get("speedup_vs_compiled"),
+    }
 
 
 def gpu_hacks(evaluator) -> dict:  # type: ignore[no-untyped-def]
-    from test_reward_gpu import SIDE_STREAM
     from reward_cases import HACKS, RELU_REFERENCE
-    from reward_svc.evaluate import EvalOptions
+    from services.schemas.reward import ScoreOptions
+    from test_reward_gpu import SIDE_STREAM
 
     names = ["side_stream", "decoy_scratch_kernel", "pytorch_does_the_work_kernel_copies", "cache_by_address", "mutates_input"]
     sources = [SIDE_STREAM] + [HACKS[n][0] for n in names[1:]]
-    verdicts = evaluator.evaluate_group(RELU_REFERENCE, sources, EvalOptions(device="cuda")).verdicts
-    return {n: {"status": v.status, "guard": v.guard, "reason": v.reason[:200], "speedup": v.speedup,
-                "side_stream_work": v.details.get("timing", {}).get("side_stream_work")} for n, v in zip(names, verdicts)}
+    verdicts = evaluator.evaluate_group(RELU_REFERENCE, sources, ScoreOptions(device="cuda")).verdicts
+    return {
+        n: {
+            "status": v.status,
+            "guard": v.guard,
+            "reason": v.reason[:200],
+            "speedup": v.speedup,
+            "side_stream_work": v.details.get("timing", {}).get("side_stream_work"),
+        }
+        for n, v in zip(names, verdicts)
+    }
 
 
 def main() -> None:
@@ -177,14 +217,25 @@ def main() -> None:
 
     console = Console()
     results: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "cpus": os.cpu_count(), "python": platform.python_version(), "sandbox": sandbox_available()},
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "sandbox": sandbox_available(),
+        },
     }
     evaluator = Evaluator()
-    for name, step in (("timing_accuracy", lambda: timing_accuracy()), ("triton_end_to_end", lambda: triton_end_to_end(evaluator)),
-                       ("repeatability", lambda: repeatability(evaluator)), ("cuda_compile", lambda: cuda_compile(evaluator)),
-                       ("gpu_hacks", lambda: gpu_hacks(evaluator)), ("compiled_reference", lambda: compiled_reference(evaluator))):
+    for name, step in (
+        ("timing_accuracy", lambda: timing_accuracy()),
+        ("triton_end_to_end", lambda: triton_end_to_end(evaluator)),
+        ("repeatability", lambda: repeatability(evaluator)),
+        ("cuda_compile", lambda: cuda_compile(evaluator)),
+        ("gpu_hacks", lambda: gpu_hacks(evaluator)),
+        ("compiled_reference", lambda: compiled_reference(evaluator)),
+    ):
         if args.only and name not in args.only:
             continue
         start = time.perf_counter()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -100,7 +100,11 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def machine() -> dict[str, object]:
     model = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
         platform.processor(),
     )
     bwrap = shutil.which("bwrap")
@@ -131,7 +135,9 @@ def main() -> None:
         base = summary(samples["direct"])
         for how, times in samples.items():
             stats = summary(times)
-            rows.append({"command": name, "how": how, **stats, "overhead_median_ms": round(stats["median_ms"] - base["median_ms"], 2)})
+            rows.append(
+                {"command": name, "how": how, **stats, "overhead_median_ms": round(stats["median_ms"] - base["median_ms"], 2)}
+            )
     for mode, times in warm_runs(modes, args.runs).items():
         rows.append({"command": "python, warm child: run() only", "how": mode, **summary(times)})
 
@@ -141,14 +147,18 @@ def main() -> None:
     for row in rows:
         overhead = row.get("overhead_median_ms")
         table.add_row(
-            str(row["command"]), str(row["how"]), f"{row['median_ms']:.2f}", f"{row['p90_ms']:.2f}",
-            f"{row['min_ms']:.2f}", "" if overhead is None else f"{overhead:+.2f}",
+            str(row["command"]),
+            str(row["how"]),
+            f"{row['median_ms']:.2f}",
+            f"{row['p90_ms']:.2f}",
+            f"{row['min_ms']:.2f}",
+            "" if overhead is None else f"{overhead:+.2f}",
         )
     Console().print(table)
 
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "results": rows,

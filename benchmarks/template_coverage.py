@@ -26,7 +26,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coder_svc.models.base import Sampling  # noqa: E402
 from coder_svc.template import TemplateGenerator  # noqa: E402
 from coder_svc.template.codegen import VERSION  # noqa: E402
+from services.llm.chat import Sampling  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent / "results" / "template_coverage_cpu.json"
 
@@ -67,7 +67,8 @@ def shrink(source: str, limit: int = 48) -> str:
 
 
 def check_cpu(generator: TemplateGenerator, paths: list[Path], console: Console) -> list[dict[str, Any]]:
-    from reward_svc.evaluate import EvalOptions, Evaluator
+    from reward_svc.evaluate import Evaluator
+    from services.schemas.reward import ScoreOptions
 
     evaluator = Evaluator()
     checked = []
@@ -78,7 +79,9 @@ def check_cpu(generator: TemplateGenerator, paths: list[Path], console: Console)
             if draft.source is None:
                 checked.append({"problem": path.name, "status": "declined", "reason": draft.declined})
                 continue
-            verdict = evaluator.evaluate_group(source, [draft.source], EvalOptions(backend="triton", device="cpu", timeout_s=600)).verdicts[0]
+            verdict = evaluator.evaluate_group(
+                source, [draft.source], ScoreOptions(backend="triton", device="cpu", timeout_s=600)
+            ).verdicts[0]
             checked.append({"problem": path.name, "status": verdict.status, "reason": verdict.reason})
             console.print(f"{path.name}: {verdict.status} ({verdict.reason[:100]})")
     finally:
@@ -101,7 +104,9 @@ def main() -> None:
 
     def write() -> None:  # after every level, so a long run keeps what it measured
         result = {
-            "generator": "template", "version": VERSION, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "generator": "template",
+            "version": VERSION,
+            "measured": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1min": os.getloadavg()[0]},
             "note": "generated vs declined only; correctness and speed are measured on the GPU by the reward service",
             "levels": levels,
@@ -120,8 +125,11 @@ def main() -> None:
         generated = [e for e in entries if e["status"] == "generated"]
         declined = Counter(category(e["reason"]) for e in entries if e["status"] == "declined")
         levels[f"level{level}"] = {
-            "problems": len(entries), "generated": len(generated), "declined": len(entries) - len(generated),
-            "declined_by_reason": dict(declined.most_common()), "entries": entries,
+            "problems": len(entries),
+            "generated": len(generated),
+            "declined": len(entries) - len(generated),
+            "declined_by_reason": dict(declined.most_common()),
+            "entries": entries,
         }
         table = Table(title=f"level {level}: {len(generated)}/{len(entries)} generated")
         table.add_column("declined because")

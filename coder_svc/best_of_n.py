@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from coder_svc.models.base import KernelBackend, KernelDraft, KernelGenerator, Sampling
-from reward_svc.evaluate import Evaluator
-from reward_svc.service import score_group
+from coder_svc.drafts import KernelBackend, KernelDraft, KernelGenerator
+from reward_svc import Evaluator, score_group
 from services.clients.reward import RewardClient
+from services.llm.chat import Sampling
 from services.schemas.coder import CandidateReport, KernelResult
 from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions
 
@@ -28,8 +28,7 @@ class Scored:
 
 
 class Scorer(Protocol):
-    def score(self, reference: str, candidates: list[str], options: ScoreOptions) -> Scored:
-        ...
+    def score(self, reference: str, candidates: list[str], options: ScoreOptions) -> Scored: ...
 
 
 class ScoringFailed(RuntimeError):
@@ -65,17 +64,24 @@ class LocalScorer:
         return Scored(score_group(request, self.evaluator))
 
 
-def score_drafts(reference: str, drafts: list[KernelDraft], scorer: Scorer, options: ScoreOptions) -> tuple[list[CandidateReport], Scored | None]:
+def score_drafts(
+    reference: str, drafts: list[KernelDraft], scorer: Scorer, options: ScoreOptions
+) -> tuple[list[CandidateReport], Scored | None]:
     """A report per draft. Drafts without code keep their reason unscored; identical sources are
     scored once (a deterministic generator repeats itself) and share the verdict."""
     unique = list(dict.fromkeys(d.source for d in drafts if d.source is not None))
     scored = scorer.score(reference, unique, options) if unique else None
     verdict_of = dict(zip(unique, scored.result.verdicts)) if scored else {}
     reports = [
-        CandidateReport(index=i, model=d.model, model_version=d.model_version, source=d.source,
-                        declined=d.declined if d.source is None else None,
-                        verdict=verdict_of.get(d.source) if d.source is not None else None,
-                        details={k: v for k, v in d.details.items() if k != "prompt"})  # the result holds it once
+        CandidateReport(
+            index=i,
+            model=d.model,
+            model_version=d.model_version,
+            source=d.source,
+            declined=d.declined if d.source is None else None,
+            verdict=verdict_of.get(d.source) if d.source is not None else None,
+            details={k: v for k, v in d.details.items() if k != "prompt"},
+        )  # the result holds it once
         for i, d in enumerate(drafts)
     ]
     return reports, scored
@@ -107,15 +113,27 @@ def summarize(reports: list[CandidateReport], backend: KernelBackend, generator_
         statuses = ", ".join(f"{s} {sum(v.status == s for v in verdicts)}" for s in sorted({v.status for v in verdicts}))
         reason = f"no correct candidate among {len(verdicts)} scored ({statuses}); first: {verdicts[0].reason}"
     return KernelResult(
-        correct=best is not None, kernel=best.source if best else None, best_index=best.index if best else None,
-        speedup=best.verdict.speedup if best and best.verdict else None, reason=reason, model=model, backend=backend,
-        candidates=reports, correct_fraction=sum(v.correct for v in verdicts) / len(reports) if reports else 0.0,
+        correct=best is not None,
+        kernel=best.source if best else None,
+        best_index=best.index if best else None,
+        speedup=best.verdict.speedup if best and best.verdict else None,
+        reason=reason,
+        model=model,
+        backend=backend,
+        candidates=reports,
+        correct_fraction=sum(v.correct for v in verdicts) / len(reports) if reports else 0.0,
         reward_job_id=scored.reward_job_id if scored else None,
     )
 
 
-def best_of_n(generator: KernelGenerator, module_source: str, backend: KernelBackend, sampling: Sampling,
-              scorer: Scorer, options: ScoreOptions) -> KernelResult:
+def best_of_n(
+    generator: KernelGenerator,
+    module_source: str,
+    backend: KernelBackend,
+    sampling: Sampling,
+    scorer: Scorer,
+    options: ScoreOptions,
+) -> KernelResult:
     """Generate ``sampling.n`` candidates, score them, return the best verified one with every verdict."""
     drafts = generator.generate(module_source, backend, sampling)
     reports, scored = score_drafts(module_source, drafts, scorer, options)

@@ -5,29 +5,16 @@ Model libraries (transformers, peft, the template's tracer) load only when their
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal
 
-from coder_svc.extract import extract_code
-from coder_svc.models.base import ChatModel, KernelBackend, KernelDraft, KernelGenerator, Sampling
+from coder_svc.drafts import KernelBackend, KernelDraft, KernelGenerator
 from coder_svc.prompts import kernel_messages, system_prompt_for
 from services.config import Settings, get_settings
-
-if TYPE_CHECKING:
-    from coder_svc.models.hf_local import HFChatModel
-    from coder_svc.models.openai_chat import OpenAIChatModel
+from services.llm.chat import ChatModel, Sampling, SwitchableChatModel
+from services.llm.extract import extract_code
+from services.llm.factory import build_chat_model
 
 GeneratorKind = Literal["template", "openai", "hf"]
-ChatKind = Literal["openai", "hf"]
-
-
-class SwitchableChatModel(ChatModel, Protocol):
-    """Both LLM backends can change what they serve at runtime (POST /v1/admin/model)."""
-
-    def load_adapter(self, name: str, path: str) -> None: ...
-
-    def unload_adapter(self, name: str) -> None: ...
-
-    def use_model(self, name: str) -> None: ...
 
 
 class LLMKernelGenerator:
@@ -46,12 +33,21 @@ class LLMKernelGenerator:
             source = extract_code(completion.text)
             declined = None
             if source is None:
-                declined = ("the reply was cut at max_tokens before a complete program defining ModelNew"
-                            if completion.finish_reason == "length" else "the reply holds no Python program defining ModelNew")
-            drafts.append(KernelDraft(
-                source=source, raw=completion.text, model=completion.model, model_version=completion.model_version,
-                declined=declined,
-                details={"generator": self.name, "prompt": messages, "finish_reason": completion.finish_reason}))
+                declined = (
+                    "the reply was cut at max_tokens before a complete program defining ModelNew"
+                    if completion.finish_reason == "length"
+                    else "the reply holds no Python program defining ModelNew"
+                )
+            drafts.append(
+                KernelDraft(
+                    source=source,
+                    raw=completion.text,
+                    model=completion.model,
+                    model_version=completion.model_version,
+                    declined=declined,
+                    details={"generator": self.name, "prompt": messages, "finish_reason": completion.finish_reason},
+                )
+            )
         return drafts
 
     def describe(self) -> dict[str, Any]:
@@ -67,24 +63,6 @@ def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None
     if adapter_path is not None:
         chat_model.load_adapter(name, adapter_path)
     chat_model.use_model(name)
-
-
-def build_chat_model(kind: ChatKind, settings: Settings | None = None) -> OpenAIChatModel | HFChatModel:
-    settings = settings or get_settings()
-    if kind == "openai":
-        from coder_svc.models.openai_chat import OpenAIChatModel
-
-        key = settings.coder_openai_api_key
-        return OpenAIChatModel(settings.coder_openai_base_url, settings.coder_model,
-                               key.get_secret_value() if key else None, timeout_s=settings.coder_request_timeout_s,
-                               max_retries=settings.coder_max_retries, max_concurrency=settings.coder_max_concurrency)
-    if kind == "hf":
-        if settings.coder_hf_model_path is None:
-            raise ValueError("the hf backend needs KZ_CODER_HF_MODEL_PATH (a local Hugging Face model directory)")
-        from coder_svc.models.hf_local import HFChatModel
-
-        return HFChatModel(settings.coder_hf_model_path, settings.coder_lora_path)
-    raise ValueError(f"unknown chat model backend {kind!r}; expected openai or hf")
 
 
 def build_generator(kind: GeneratorKind | None = None, settings: Settings | None = None) -> KernelGenerator:

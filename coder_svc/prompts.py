@@ -6,15 +6,20 @@ stated up front so a model does not learn them only from rejections.
 
 from __future__ import annotations
 
-from coder_svc.models.base import KernelBackend, Message
+from coder_svc.drafts import KernelBackend
 from services.config import Settings, get_settings
+from services.llm.chat import Message
 
 SYSTEM_PROMPTS: dict[KernelBackend, str] = {
-    "triton": ("You are an expert GPU kernel engineer. You rewrite PyTorch modules with custom Triton kernels "
-               "(@triton.jit) that compute exactly what the original computes, and run faster."),
-    "cuda": ("You are an expert GPU kernel engineer. You rewrite PyTorch modules with custom CUDA kernels, "
-             "compiled with torch.utils.cpp_extension.load_inline, that compute exactly what the original "
-             "computes, and run faster."),
+    "triton": (
+        "You are an expert GPU kernel engineer. You rewrite PyTorch modules with custom Triton kernels "
+        "(@triton.jit) that compute exactly what the original computes, and run faster."
+    ),
+    "cuda": (
+        "You are an expert GPU kernel engineer. You rewrite PyTorch modules with custom CUDA kernels, "
+        "compiled with torch.utils.cpp_extension.load_inline, that compute exactly what the original "
+        "computes, and run faster."
+    ),
 }
 
 EXAMPLE_MODEL = '''import torch
@@ -40,7 +45,7 @@ def get_init_inputs():
     return [0.5]
 '''
 
-EXAMPLE_TRITON = '''import torch
+EXAMPLE_TRITON = """import torch
 import torch.nn as nn
 import triton
 import triton.language as tl
@@ -70,7 +75,7 @@ class ModelNew(nn.Module):
         grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)
         scale_add_relu_kernel[grid](x, y, out, self.scale, n_elements, BLOCK_SIZE=1024)
         return out
-'''
+"""
 
 EXAMPLE_CUDA = '''import torch
 import torch.nn as nn

@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Response
 
 from coder_svc import service
+from services.api.waiting import job_after_wait
 from services.auth import require_admin_key, require_api_key
-from services.queue.jobs import JobNotFound, wait_until_done
+from services.queue.jobs import JobNotFound
 from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
 
 router = APIRouter(tags=["coder"], dependencies=[Depends(require_api_key)])
@@ -15,9 +16,7 @@ router = APIRouter(tags=["coder"], dependencies=[Depends(require_api_key)])
 @router.post("/kernels", response_model=KernelResponse, responses={202: {"model": KernelResponse}})
 def request_kernel(request: KernelRequest, response: Response) -> KernelResponse:
     """Best-of-n kernel for a module. Waits up to ``wait_s`` for the result, else answers 202 with the job id."""
-    job = wait_until_done(service.submit(request).id, request.wait_s)
-    if job.status not in ("succeeded", "failed"):
-        response.status_code = 202
+    job = job_after_wait(service.submit(request).id, request.wait_s, response)
     return service.kernel_response(job)
 
 

@@ -12,25 +12,33 @@ import structlog
 from sqlalchemy import select, update
 
 from coder_svc.best_of_n import RewardServiceScorer, best_of_n
-from coder_svc.models.base import KernelGenerator, Sampling
+from coder_svc.drafts import KernelGenerator
 from services.clients.reward import RewardClient
 from services.config import Settings, get_settings
 from services.db.models import Candidate, Job, ModelVersion, Score
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
+from services.llm.chat import Sampling
 from services.queue.jobs import JobNotFound, get_job, submit_job
-from services.queue.names import GENERATION
-from services.schemas.coder import KernelRequest, KernelResponse, KernelResult, ModelBackend, ModelSwitch, SamplingIn, ServingModel
+from services.queue.names import GENERATE_TASK, GENERATION
+from services.schemas.coder import (
+    KernelRequest,
+    KernelResponse,
+    KernelResult,
+    ModelBackend,
+    ModelSwitch,
+    ServingModel,
+)
 from services.schemas.reward import ScoreOptions
 
 log = structlog.get_logger(__name__)
 
-GENERATE_TASK = "coder.generate"
 TASK_ORIGIN = "coder-request"
 CODER_ROLE = "coder"
 
 
 # --- jobs -----------------------------------------------------------------------------------
+
 
 def submit(request: KernelRequest) -> Job:
     """Queue a generation. The serving model version is part of the input: the same module asked
@@ -41,8 +49,12 @@ def submit(request: KernelRequest) -> Job:
 
 
 def kernel_response(job: Job) -> KernelResponse:
-    return KernelResponse(job_id=job.id, job_status=job.status, error=job.error,
-                          result=KernelResult.model_validate(job.result) if job.result else None)
+    return KernelResponse(
+        job_id=job.id,
+        job_status=job.status,
+        error=job.error,
+        result=KernelResult.model_validate(job.result) if job.result else None,
+    )
 
 
 def generation_job(job_id: str) -> Job:
@@ -66,8 +78,14 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     sampling = sampling_for(request.n, request.sampling, settings)
     options = ScoreOptions(backend=request.backend, **request.scoring.model_dump())
     with RewardClient() as client:
-        result = best_of_n(generator, request.module, request.backend, sampling,
-                           RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s, deadline=deadline), options)
+        result = best_of_n(
+            generator,
+            request.module,
+            request.backend,
+            sampling,
+            RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s, deadline=deadline),
+            options,
+        )
     if kind != "template" and version is not None:
         result.model_version_id = version.id
     if result.reward_job_id is not None:
@@ -75,13 +93,15 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     return result.model_dump()
 
 
-def sampling_for(n: int, requested: SamplingIn, settings: Settings) -> Sampling:
-    return Sampling(n=n, temperature=settings.coder_temperature if requested.temperature is None else requested.temperature,
-                    top_p=requested.top_p or settings.coder_top_p, max_tokens=requested.max_tokens or settings.coder_max_tokens,
-                    seed=requested.seed)
+def sampling_for(n: int, requested: Sampling, settings: Settings) -> Sampling:
+    """``n`` samples as requested; the fields the request left out take the service's defaults."""
+    defaults = {"temperature": settings.coder_temperature, "top_p": settings.coder_top_p, "max_tokens": settings.coder_max_tokens}
+    chosen = requested.model_dump(include=requested.model_fields_set - {"n"})
+    return Sampling.model_validate({**defaults, **chosen, "n": n})
 
 
 # --- persistence ----------------------------------------------------------------------------
+
 
 def link_candidates(result: KernelResult, coder_job_id: str) -> None:
     """Add who wrote each candidate to the rows the reward service stored for this group (found
@@ -94,17 +114,23 @@ def link_candidates(result: KernelResult, coder_job_id: str) -> None:
     with session_scope() as session:
         rows = session.scalars(select(Candidate).join(Score).where(Score.job_id == result.reward_job_id)).all()
         for row in rows:
-            report = first.get(row.source_hash)
-            if report is None:
+            drafted = first.get(row.source_hash)
+            if drafted is None:
                 continue
-            name = f"{report.model}@{report.model_version}" if report.model_version else report.model
+            name = f"{drafted.model}@{drafted.model_version}" if drafted.model_version else drafted.model
             row.model_name = name[:500]  # the column's width; the full version stays in details
             row.model_version_id = result.model_version_id
-            row.details = {**(row.details or {}), "coder_job_id": coder_job_id, "draft_indices": drafts[row.source_hash],
-                           "generator": report.details, "prompt": result.prompt}
+            row.details = {
+                **(row.details or {}),
+                "coder_job_id": coder_job_id,
+                "draft_indices": drafts[row.source_hash],
+                "generator": report.details,
+                "prompt": result.prompt,
+            }
 
 
 # --- serving model --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ServingVersion:
@@ -116,8 +142,11 @@ class ServingVersion:
 
 def serving_version() -> ServingVersion | None:
     with session_scope() as session:
-        row = session.scalars(select(ModelVersion).where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
-                              .order_by(ModelVersion.created_at.desc())).first()
+        row = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
+            .order_by(ModelVersion.created_at.desc())
+        ).first()
         return ServingVersion(row.id, row.name, row.base_model, row.adapter_path) if row else None
 
 
@@ -125,28 +154,50 @@ def switch_model(switch: ModelSwitch) -> ServingModel:
     """Record the new serving version (the only one serving); workers pick it up at their next job."""
     with session_scope() as session:
         session.execute(update(ModelVersion).where(ModelVersion.role == CODER_ROLE).values(serving=False))
-        row = ModelVersion(role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path, serving=True)
+        row = ModelVersion(
+            role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path, serving=True
+        )
         session.add(row)
         session.flush()
         log.info("coder.model_switched", version=row.id, name=row.name, adapter=row.adapter_path)
-        return ServingModel(id=row.id, name=row.name, base_model=row.base_model, adapter_path=row.adapter_path,
-                            backend=get_settings().coder_model_backend, created_at=row.created_at)
+        return ServingModel(
+            id=row.id,
+            name=row.name,
+            base_model=row.base_model,
+            adapter_path=row.adapter_path,
+            backend=get_settings().coder_model_backend,
+            created_at=row.created_at,
+        )
 
 
 def serving_model() -> ServingModel:
     settings = get_settings()
     with session_scope() as session:
-        row = session.scalars(select(ModelVersion).where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
-                              .order_by(ModelVersion.created_at.desc())).first()
+        row = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
+            .order_by(ModelVersion.created_at.desc())
+        ).first()
         if row is not None:
-            return ServingModel(id=row.id, name=row.name, base_model=row.base_model, adapter_path=row.adapter_path,
-                                backend=settings.coder_model_backend, created_at=row.created_at)
-    return ServingModel(name=configured_model_name(settings), backend=settings.coder_model_backend,
-                        adapter_path=str(settings.coder_lora_path) if settings.coder_lora_path else None)
+            return ServingModel(
+                id=row.id,
+                name=row.name,
+                base_model=row.base_model,
+                adapter_path=row.adapter_path,
+                backend=settings.coder_model_backend,
+                created_at=row.created_at,
+            )
+    return ServingModel(
+        name=configured_model_name(settings),
+        backend=settings.coder_model_backend,
+        adapter_path=str(settings.coder_lora_path) if settings.coder_lora_path else None,
+    )
 
 
 def configured_model_name(settings: Settings) -> str:
-    configured = {"template": "template", "openai": settings.coder_model, "hf": settings.coder_hf_model_path}[settings.coder_model_backend]
+    configured = {"template": "template", "openai": settings.coder_model, "hf": settings.coder_hf_model_path}[
+        settings.coder_model_backend
+    ]
     return str(configured) if configured else "(the endpoint's first model)"
 
 
@@ -181,6 +232,8 @@ def apply_version(generator: KernelGenerator, kind: ModelBackend, version: Servi
     if kind == "hf":
         target = Path(version.base_model) if version.base_model else settings.coder_hf_model_path
         if getattr(getattr(generator, "chat_model", None), "model_path", None) != target:
-            generator = build_generator("hf", settings.model_copy(update={"coder_hf_model_path": target, "coder_lora_path": None}))
+            generator = build_generator(
+                "hf", settings.model_copy(update={"coder_hf_model_path": target, "coder_lora_path": None})
+            )
     switch_model(generator, version.name, version.adapter_path)
     return generator

@@ -6,7 +6,8 @@ One generator cache per worker process keeps a loaded model between jobs.
 from functools import lru_cache
 from typing import Any
 
-from coder_svc.service import GENERATE_TASK, GeneratorCache, run_generate_job
+from coder_svc.service import GeneratorCache, run_generate_job
+from services.queue.names import GENERATE_TASK
 from services.queue.worker import create_worker_app
 
 

@@ -22,16 +22,32 @@ layers (``nn.Embedding``) that cannot follow a float chain.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from random import Random
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 Shape = tuple[int, ...]
 Args = dict[str, Any]
 Domain = Literal["any", "nonneg", "nonpos", "pos", "unit", "bounded", "open"]
 Effect = Literal["nonlinear", "affine", "mix", "shape", "normalize", "reduce", "terminal"]
-Kind = Literal["pointwise", "activation", "binary", "reduction", "scan", "softmax", "norm", "linear",
-               "conv", "pool", "resize", "shape", "loss", "index"]
+Reduces = Literal["sum", "min", "max", "prod"]
+Kind = Literal[
+    "pointwise",
+    "activation",
+    "binary",
+    "reduction",
+    "scan",
+    "softmax",
+    "norm",
+    "linear",
+    "conv",
+    "pool",
+    "resize",
+    "shape",
+    "loss",
+    "index",
+]
 
 
 @dataclass(frozen=True)
@@ -92,7 +108,7 @@ class ApiEntry:
     mag: Callable[[float, Shape, Args], float] = lambda m, shape, args: m
     flops: Callable[[Shape, Args], float] = lambda shape, args: float(math.prod(shape))
     normalizes: Callable[[Shape, Args], frozenset[int]] | None = None  # dims it normalises over
-    reduces: Literal["sum", "min", "max", "prod"] | None = None  # what a reduction computes
+    reduces: Reduces | None = None  # what a reduction computes
     has_bias: bool = False  # layer template takes {bias}; the bias is a shift a later norm cancels
 
     @property
@@ -101,6 +117,7 @@ class ApiEntry:
 
 
 # --- shape helpers -----------------------------------------------------------------------------
+
 
 def _same(shape: Shape, args: Args) -> Shape:
     return shape
@@ -157,8 +174,7 @@ def _pointwise(names: tuple[str, ...], call: str, kind: Kind = "pointwise", **kw
 
 
 def _layer_activation(layer_name: str, ctor: str, **kw: Any) -> None:
-    _add(ApiEntry(f"torch.nn.{layer_name}", "activation", ALL_RANKS, "self.{m}({x})",
-                  layer=ctor, attr="act", **kw))
+    _add(ApiEntry(f"torch.nn.{layer_name}", "activation", ALL_RANKS, "self.{m}({x})", layer=ctor, attr="act", **kw))
 
 
 def _mag_exp(m: float, shape: Shape, args: Args) -> float:
@@ -187,15 +203,18 @@ _pointwise(("torch.log", "Tensor.log"), "torch.log({x})", requires="pos", mag=la
 _pointwise(("torch.log2",), "torch.log2({x})", requires="pos", mag=lambda m, s, a: 4.0)
 _pointwise(("torch.log10",), "torch.log10({x})", requires="pos", mag=lambda m, s, a: 1.5)
 _pointwise(("torch.log1p",), "torch.log1p({x})", requires="nonneg", yields="nonneg", mag=_mag_one)
-_pointwise(("torch.sqrt", "Tensor.sqrt"), "torch.sqrt({x})", requires="nonneg", yields="nonneg",
-           mag=lambda m, s, a: math.sqrt(m))
+_pointwise(("torch.sqrt", "Tensor.sqrt"), "torch.sqrt({x})", requires="nonneg", yields="nonneg", mag=lambda m, s, a: math.sqrt(m))
 # Near-zero inputs make these large: a pessimistic magnitude makes later exp-like ops rescale first.
 _pointwise(("torch.rsqrt",), "torch.rsqrt({x})", requires="pos", yields="pos", mag=lambda m, s, a: 10.0)
 _pointwise(("torch.reciprocal",), "torch.reciprocal({x})", requires="pos", yields="pos", mag=lambda m, s, a: 30.0)
 _pointwise(("torch.square",), "torch.square({x})", yields="nonneg", mag=_mag_sq)
-_pointwise(("torch.pow", "Tensor.pow"), "torch.pow({x}, {exponent})", small_input=True,
-           sample=lambda op, rng, d: {"exponent": rng.choice([2, 3])},
-           mag=lambda m, s, a: m ** a["exponent"])
+_pointwise(
+    ("torch.pow", "Tensor.pow"),
+    "torch.pow({x}, {exponent})",
+    small_input=True,
+    sample=lambda op, rng, d: {"exponent": rng.choice([2, 3])},
+    mag=lambda m, s, a: m ** a["exponent"],
+)
 _pointwise(("torch.sin",), "torch.sin({x})", yields="bounded", mag=_mag_shrink)
 _pointwise(("torch.cos",), "torch.cos({x})", yields="bounded", mag=_mag_shrink)
 _pointwise(("torch.atan",), "torch.atan({x})", mag=_mag_shrink)
@@ -206,72 +225,116 @@ _pointwise(("torch.sinh",), "torch.sinh({x})", small_input=True, mag=_mag_exp)
 _pointwise(("torch.cosh",), "torch.cosh({x})", small_input=True, yields="pos", mag=_mag_exp)
 _pointwise(("torch.erf",), "torch.erf({x})", yields="bounded", mag=_mag_shrink)
 _pointwise(("torch.erfc",), "torch.erfc({x})", yields="nonneg", mag=_mag_one)
-_pointwise(("torch.clamp", "Tensor.clamp"), "torch.clamp({x}, min={lo}, max={hi})",
-           # Bounds between one and two RMS: most values pass, so the output is never all at a bound.
-           sample=lambda op, rng, d: {"lo": -round(op.mag * rng.uniform(1.0, 2.0), 2),
-                                      "hi": round(op.mag * rng.uniform(1.0, 2.0), 2)},
-           saturates=frozenset({"low", "high"}), mag=_mag_shrink)
+_pointwise(
+    ("torch.clamp", "Tensor.clamp"),
+    "torch.clamp({x}, min={lo}, max={hi})",
+    # Bounds between one and two RMS: most values pass, so the output is never all at a bound.
+    sample=lambda op, rng, d: {"lo": -round(op.mag * rng.uniform(1.0, 2.0), 2), "hi": round(op.mag * rng.uniform(1.0, 2.0), 2)},
+    saturates=frozenset({"low", "high"}),
+    mag=_mag_shrink,
+)
 # Activations.
-_pointwise(("torch.relu", "torch.nn.functional.relu", "Tensor.relu"), "torch.relu({x})", "activation",
-           yields="nonneg", saturates=frozenset({"low"}))
-_pointwise(("torch.sigmoid", "Tensor.sigmoid"), "torch.sigmoid({x})", "activation", yields="unit",
-           mag=_mag_shrink)
-_pointwise(("torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"), "torch.tanh({x})", "activation",
-           yields="open", mag=_mag_shrink)
-_pointwise(("torch.nn.functional.relu6",), "torch.relu6({x})", "activation", yields="nonneg",
-           saturates=frozenset({"low"}))
-_pointwise(("torch.nn.functional.leaky_relu",), "torch.leaky_relu({x}, negative_slope={slope})", "activation",
-           sample=lambda op, rng, d: {"slope": rng.choice([0.01, 0.1, 0.2])})
-_pointwise(("torch.nn.functional.elu",), "torch.elu({x}, alpha={alpha})", "activation",
-           sample=lambda op, rng, d: {"alpha": rng.choice([0.5, 1.0])})
+_pointwise(
+    ("torch.relu", "torch.nn.functional.relu", "Tensor.relu"),
+    "torch.relu({x})",
+    "activation",
+    yields="nonneg",
+    saturates=frozenset({"low"}),
+)
+_pointwise(("torch.sigmoid", "Tensor.sigmoid"), "torch.sigmoid({x})", "activation", yields="unit", mag=_mag_shrink)
+_pointwise(
+    ("torch.tanh", "Tensor.tanh", "torch.nn.functional.tanh"), "torch.tanh({x})", "activation", yields="open", mag=_mag_shrink
+)
+_pointwise(("torch.nn.functional.relu6",), "torch.relu6({x})", "activation", yields="nonneg", saturates=frozenset({"low"}))
+_pointwise(
+    ("torch.nn.functional.leaky_relu",),
+    "torch.leaky_relu({x}, negative_slope={slope})",
+    "activation",
+    sample=lambda op, rng, d: {"slope": rng.choice([0.01, 0.1, 0.2])},
+)
+_pointwise(
+    ("torch.nn.functional.elu",),
+    "torch.elu({x}, alpha={alpha})",
+    "activation",
+    sample=lambda op, rng, d: {"alpha": rng.choice([0.5, 1.0])},
+)
 _pointwise(("torch.nn.functional.selu",), "torch.selu({x})", "activation")
 _pointwise(("torch.nn.functional.celu",), "torch.celu({x})", "activation")
 _pointwise(("torch.nn.functional.gelu",), "torch.gelu({x})", "activation")
 _pointwise(("torch.nn.functional.silu",), "torch.silu({x})", "activation")
 _pointwise(("torch.nn.functional.mish",), "torch.mish({x})", "activation")
 _pointwise(("torch.nn.functional.softplus",), "torch.softplus({x})", "activation", yields="pos")
-_pointwise(("torch.nn.functional.softsign",), "torch.softsign({x})", "activation", yields="open",
-           mag=_mag_shrink)
-_pointwise(("torch.nn.functional.hardtanh",), "torch.hardtanh({x})", "activation", yields="bounded",
-           saturates=frozenset({"low", "high"}), mag=_mag_shrink)
-_pointwise(("torch.nn.functional.hardsigmoid",), "torch.hardsigmoid({x})", "activation", yields="nonneg",
-           saturates=frozenset({"low", "high"}), mag=_mag_shrink)
+_pointwise(("torch.nn.functional.softsign",), "torch.softsign({x})", "activation", yields="open", mag=_mag_shrink)
+_pointwise(
+    ("torch.nn.functional.hardtanh",),
+    "torch.hardtanh({x})",
+    "activation",
+    yields="bounded",
+    saturates=frozenset({"low", "high"}),
+    mag=_mag_shrink,
+)
+_pointwise(
+    ("torch.nn.functional.hardsigmoid",),
+    "torch.hardsigmoid({x})",
+    "activation",
+    yields="nonneg",
+    saturates=frozenset({"low", "high"}),
+    mag=_mag_shrink,
+)
 _pointwise(("torch.nn.functional.hardswish",), "torch.hardswish({x})", "activation")
 _pointwise(("torch.nn.functional.logsigmoid",), "torch.logsigmoid({x})", "activation", yields="nonpos")
 _pointwise(("torch.nn.functional.tanhshrink",), "torch.tanhshrink({x})", "activation")
-_pointwise(("torch.nn.functional.softshrink",), "torch.softshrink({x}, {lambd})", "activation",
-           sample=lambda op, rng, d: {"lambd": round(op.mag * 0.5, 2)})
-_pointwise(("torch.nn.functional.hardshrink",), "torch.hardshrink({x}, {lambd})", "activation",
-           sample=lambda op, rng, d: {"lambd": round(op.mag * 0.5, 2)})
+_pointwise(
+    ("torch.nn.functional.softshrink",),
+    "torch.softshrink({x}, {lambd})",
+    "activation",
+    sample=lambda op, rng, d: {"lambd": round(op.mag * 0.5, 2)},
+)
+_pointwise(
+    ("torch.nn.functional.hardshrink",),
+    "torch.hardshrink({x}, {lambd})",
+    "activation",
+    sample=lambda op, rng, d: {"lambd": round(op.mag * 0.5, 2)},
+)
 _layer_activation("ReLU", "nn.ReLU()", yields="nonneg", saturates=frozenset({"low"}))
 _layer_activation("GELU", "nn.GELU()")
 _layer_activation("SiLU", "nn.SiLU()")
 _layer_activation("Tanh", "nn.Tanh()", yields="open", mag=_mag_shrink)
 _layer_activation("Sigmoid", "nn.Sigmoid()", yields="unit", mag=_mag_shrink)
-_layer_activation("LeakyReLU", "nn.LeakyReLU(negative_slope={slope})",
-                  sample=lambda op, rng, d: {"slope": rng.choice([0.01, 0.1, 0.2])})
+_layer_activation(
+    "LeakyReLU", "nn.LeakyReLU(negative_slope={slope})", sample=lambda op, rng, d: {"slope": rng.choice([0.01, 0.1, 0.2])}
+)
 _layer_activation("ELU", "nn.ELU()")
 _layer_activation("Softplus", "nn.Softplus()", yields="pos")
 _layer_activation("Mish", "nn.Mish()")
 _layer_activation("Hardswish", "nn.Hardswish()")
-_layer_activation("Hardtanh", "nn.Hardtanh()", yields="bounded", saturates=frozenset({"low", "high"}),
-                  mag=_mag_shrink)
+_layer_activation("Hardtanh", "nn.Hardtanh()", yields="bounded", saturates=frozenset({"low", "high"}), mag=_mag_shrink)
 # PReLU has a learnable slope per channel: only negative inputs reach it.
-_add(ApiEntry("torch.nn.PReLU", "activation", (2, 3, 4, 5), "self.{m}({x})", layer="nn.PReLU({num_parameters})",
-              attr="prelu", init_args=("num_parameters",),
-              sample=lambda op, rng, d: None if op.domain in ("nonneg", "pos", "unit") else {"num_parameters": op.shape[1]}))
+_add(
+    ApiEntry(
+        "torch.nn.PReLU",
+        "activation",
+        (2, 3, 4, 5),
+        "self.{m}({x})",
+        layer="nn.PReLU({num_parameters})",
+        attr="prelu",
+        init_args=("num_parameters",),
+        sample=lambda op, rng, d: None if op.domain in ("nonneg", "pos", "unit") else {"num_parameters": op.shape[1]},
+    )
+)
 
 # Binary elementwise ops: with a second forward input or a parameter.
 _ELEMENTWISE_SECOND = SecondOperand(shape=lambda s, a: s, broadcast=lambda s, a: (s[1],) + (1,) * (len(s) - 2))
-_POSITIVE_SECOND = SecondOperand(shape=lambda s, a: s, broadcast=lambda s, a: (s[1],) + (1,) * (len(s) - 2),
-                                 make="torch.rand({shape}) + 0.5")
+_POSITIVE_SECOND = SecondOperand(
+    shape=lambda s, a: s, broadcast=lambda s, a: (s[1],) + (1,) * (len(s) - 2), make="torch.rand({shape}) + 0.5"
+)
 
 
 def _mag_add(m: float, shape: Shape, args: Args) -> float:
     return math.hypot(m, 1.0)
 
 
-for _names, _call, _second, _mag, _effect in (
+_BINARY: tuple[tuple[tuple[str, ...], str, SecondOperand, Callable[[float, Shape, Args], float], Effect], ...] = (
     (("torch.add",), "{x} + {y}", _ELEMENTWISE_SECOND, _mag_add, "affine"),
     (("torch.sub",), "{x} - {y}", _ELEMENTWISE_SECOND, _mag_add, "affine"),
     (("torch.mul",), "{x} * {y}", _ELEMENTWISE_SECOND, lambda m, s, a: m, "nonlinear"),
@@ -280,23 +343,60 @@ for _names, _call, _second, _mag, _effect in (
     (("torch.minimum",), "torch.minimum({x}, {y})", _ELEMENTWISE_SECOND, _mag_add, "nonlinear"),
     (("torch.atan2",), "torch.atan2({x}, {y})", _ELEMENTWISE_SECOND, _mag_one, "nonlinear"),
     (("torch.hypot",), "torch.hypot({x}, {y})", _ELEMENTWISE_SECOND, _mag_add, "nonlinear"),
-):
+)
+for _names, _call, _second, _mag, _effect in _BINARY:
     for _name in _names:
-        _add(ApiEntry(_name, "binary", (1, 2, 3, 4, 5), _call, second=_second, mag=_mag,
-                      effect=_effect, yields="nonneg" if _name == "torch.hypot" else "any"))
-_add(ApiEntry("torch.where", "binary", ALL_RANKS, "torch.where({x} > {y}, {x}, {y})",
-              second=_ELEMENTWISE_SECOND, mag=_mag_add))
-_add(ApiEntry("torch.lerp", "binary", ALL_RANKS, "torch.lerp({x}, {y}, {weight})", second=_ELEMENTWISE_SECOND,
-              sample=lambda op, rng, d: {"weight": rng.choice([0.25, 0.5, 0.75])}, mag=_mag_add, effect="affine"))
-_add(ApiEntry("torch.cat", "shape", (1, 2, 3, 4, 5), "torch.cat([{x}, {y}], dim={dim})",
-              second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
-              sample=lambda op, rng, d: None if (dim := _feature_dim(op, rng)) is None else {"dim": dim},
-              out_shape=lambda s, a: tuple(2 * n if i == a["dim"] else n for i, n in enumerate(s)),
-              mag=_mag_add, effect="affine"))
-_add(ApiEntry("torch.stack", "shape", (1, 2, 3, 4), "torch.stack([{x}, {y}], dim={dim})",
-              second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
-              sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank)},
-              out_shape=lambda s, a: s[:a["dim"]] + (2,) + s[a["dim"]:], mag=_mag_add, effect="affine"))
+        _add(
+            ApiEntry(
+                _name,
+                "binary",
+                (1, 2, 3, 4, 5),
+                _call,
+                second=_second,
+                mag=_mag,
+                effect=_effect,
+                yields="nonneg" if _name == "torch.hypot" else "any",
+            )
+        )
+_add(ApiEntry("torch.where", "binary", ALL_RANKS, "torch.where({x} > {y}, {x}, {y})", second=_ELEMENTWISE_SECOND, mag=_mag_add))
+_add(
+    ApiEntry(
+        "torch.lerp",
+        "binary",
+        ALL_RANKS,
+        "torch.lerp({x}, {y}, {weight})",
+        second=_ELEMENTWISE_SECOND,
+        sample=lambda op, rng, d: {"weight": rng.choice([0.25, 0.5, 0.75])},
+        mag=_mag_add,
+        effect="affine",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.cat",
+        "shape",
+        (1, 2, 3, 4, 5),
+        "torch.cat([{x}, {y}], dim={dim})",
+        second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
+        sample=lambda op, rng, d: None if (dim := _feature_dim(op, rng)) is None else {"dim": dim},
+        out_shape=lambda s, a: tuple(2 * n if i == a["dim"] else n for i, n in enumerate(s)),
+        mag=_mag_add,
+        effect="affine",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.stack",
+        "shape",
+        (1, 2, 3, 4),
+        "torch.stack([{x}, {y}], dim={dim})",
+        second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
+        sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank)},
+        out_shape=lambda s, a: s[: a["dim"]] + (2,) + s[a["dim"] :],
+        mag=_mag_add,
+        effect="affine",
+    )
+)
 
 
 # Reductions over one non-batch dim (the batch dim is kept so the output is not one number).
@@ -309,6 +409,7 @@ def _reduction_sampler(kind: str, keepdim: bool = True) -> Sampler:
             return {"dim": rng.choice(dims), "keepdim": keepdim and rng.random() < 0.3} if dims else None
         dim = _feature_dim(op, rng, op.normalized if kind == "sum" else frozenset())
         return None if dim is None else {"dim": dim, "keepdim": keepdim and rng.random() < 0.3}
+
     return sample
 
 
@@ -316,7 +417,7 @@ def _mag_sum(m: float, shape: Shape, args: Args) -> float:
     return m * math.sqrt(math.prod(shape[d] for d in _dims(args)))
 
 
-_REDUCTIONS: list[tuple[str, str, str, Callable[[float, Shape, Args], float]]] = [
+_REDUCTIONS: list[tuple[str, str, Reduces, Callable[[float, Shape, Args], float]]] = [
     ("torch.sum", "torch.sum({x}, dim={dim}, keepdim={keepdim})", "sum", _mag_sum),
     ("Tensor.sum", "{x}.sum(dim={dim}, keepdim={keepdim})", "sum", _mag_sum),
     ("torch.mean", "torch.mean({x}, dim={dim}, keepdim={keepdim})", "sum", lambda m, s, a: m),
@@ -334,31 +435,86 @@ _REDUCTIONS: list[tuple[str, str, str, Callable[[float, Shape, Args], float]]] =
     ("torch.prod", "torch.prod({x}, dim={dim}, keepdim={keepdim})", "prod", lambda m, s, a: m),
 ]
 for _name, _call, _kind, _mag in _REDUCTIONS:
-    _add(ApiEntry(_name, "reduction", (2, 3, 4, 5), _call, sample=_reduction_sampler(_kind), out_shape=_reduced,
-                  small_input=_kind == "prod", reduces=_kind, mag=_mag, effect="reduce",
-                  yields="nonneg" if _name in ("torch.norm", "torch.linalg.vector_norm", "torch.var", "torch.std")
-                  else "any"))
-for _name, _call, _kind in (("torch.argmax", "torch.argmax({x}, dim={dim})", "max"),
-                            ("torch.argmin", "torch.argmin({x}, dim={dim})", "min")):
-    _add(ApiEntry(_name, "index", (2, 3, 4, 5), _call, sample=_reduction_sampler(_kind, keepdim=False),
-                  out_shape=_reduced, out_dtype="int64", yields="nonneg", effect="terminal",
-                  normalizes=lambda s, a: frozenset(_dims(a)), reduces=_kind))
+    _add(
+        ApiEntry(
+            _name,
+            "reduction",
+            (2, 3, 4, 5),
+            _call,
+            sample=_reduction_sampler(_kind),
+            out_shape=_reduced,
+            small_input=_kind == "prod",
+            reduces=_kind,
+            mag=_mag,
+            effect="reduce",
+            yields="nonneg" if _name in ("torch.norm", "torch.linalg.vector_norm", "torch.var", "torch.std") else "any",
+        )
+    )
+for _name, _call, _kind in (
+    ("torch.argmax", "torch.argmax({x}, dim={dim})", "max"),
+    ("torch.argmin", "torch.argmin({x}, dim={dim})", "min"),
+):
+    _add(
+        ApiEntry(
+            _name,
+            "index",
+            (2, 3, 4, 5),
+            _call,
+            sample=_reduction_sampler(_kind, keepdim=False),
+            out_shape=_reduced,
+            out_dtype="int64",
+            yields="nonneg",
+            effect="terminal",
+            normalizes=lambda s, a: frozenset(_dims(a)),
+            reduces=_kind,
+        )
+    )
 
 # Scans.
-for _name, _call, _kind in (("torch.cumsum", "torch.cumsum({x}, dim={dim})", "sum"),
-                            ("Tensor.cumsum", "{x}.cumsum(dim={dim})", "sum"),
-                            ("torch.cumprod", "torch.cumprod({x}, dim={dim})", "prod"),
-                            ("torch.logcumsumexp", "torch.logcumsumexp({x}, dim={dim})", "sum")):
-    _add(ApiEntry(_name, "scan", (2, 3, 4, 5), _call, sample=_reduction_sampler(_kind, keepdim=False),
-                  small_input=_kind == "prod", reduces="prod" if _kind == "prod" else None,
-                  mag=_mag_sum if _kind == "sum" else (lambda m, s, a: m + 2),
-                  effect="nonlinear" if _kind == "prod" else "mix"))
-_add(ApiEntry("torch.flip", "shape", (2, 3, 4, 5), "torch.flip({x}, dims=({dim},))",
-              sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank - 1)}, yields="same", effect="affine"))
-_add(ApiEntry("torch.roll", "shape", (2, 3, 4, 5), "torch.roll({x}, shifts={shift}, dims={dim})",
-              sample=lambda op, rng, d: {"dim": (dim := rng.randint(1, op.rank - 1)),
-                                         "shift": rng.randint(1, max(1, op.shape[dim] - 1))},
-              yields="same", effect="affine"))
+for _name, _call, _kind in (
+    ("torch.cumsum", "torch.cumsum({x}, dim={dim})", "sum"),
+    ("Tensor.cumsum", "{x}.cumsum(dim={dim})", "sum"),
+    ("torch.cumprod", "torch.cumprod({x}, dim={dim})", "prod"),
+    ("torch.logcumsumexp", "torch.logcumsumexp({x}, dim={dim})", "sum"),
+):
+    _add(
+        ApiEntry(
+            _name,
+            "scan",
+            (2, 3, 4, 5),
+            _call,
+            sample=_reduction_sampler(_kind, keepdim=False),
+            small_input=_kind == "prod",
+            reduces="prod" if _kind == "prod" else None,
+            mag=_mag_sum if _kind == "sum" else (lambda m, s, a: m + 2),
+            effect="nonlinear" if _kind == "prod" else "mix",
+        )
+    )
+_add(
+    ApiEntry(
+        "torch.flip",
+        "shape",
+        (2, 3, 4, 5),
+        "torch.flip({x}, dims=({dim},))",
+        sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank - 1)},
+        yields="same",
+        effect="affine",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.roll",
+        "shape",
+        (2, 3, 4, 5),
+        "torch.roll({x}, shifts={shift}, dims={dim})",
+        sample=lambda op, rng, d: {
+            "dim": (dim := rng.randint(1, op.rank - 1)),
+            "shift": rng.randint(1, max(1, op.shape[dim] - 1)),
+        },
+        yields="same",
+        effect="affine",
+    )
+)
 
 
 # Softmax-like: normalise along one non-batch dim.
@@ -367,26 +523,72 @@ def _softmax_sample(op: Operand, rng: Random, d: float) -> Args | None:
     return None if dim is None else {"dim": dim}
 
 
-_dim_set: Callable[[Shape, Args], frozenset[int]] = lambda s, a: frozenset({a["dim"]})
-for _name, _call, _yields in (
+def _dim_set(shape: Shape, args: Args) -> frozenset[int]:
+    return frozenset({args["dim"]})
+
+
+_SOFTMAXES: tuple[tuple[str, str, Domain], ...] = (
     ("torch.softmax", "torch.softmax({x}, dim={dim})", "unit"),
     ("torch.nn.functional.softmax", "F.softmax({x}, dim={dim})", "unit"),
     ("Tensor.softmax", "{x}.softmax(dim={dim})", "unit"),
     ("torch.log_softmax", "torch.log_softmax({x}, dim={dim})", "nonpos"),
     ("torch.nn.functional.log_softmax", "F.log_softmax({x}, dim={dim})", "nonpos"),
+)
+for _name, _call, _yields in _SOFTMAXES:
+    _add(
+        ApiEntry(
+            _name,
+            "softmax",
+            (1, 2, 3, 4, 5),
+            _call,
+            sample=_softmax_sample,
+            yields=_yields,
+            normalizes=_dim_set,
+            mag=_mag_one,
+            effect="normalize",
+        )
+    )
+for _name, _ctor, _yields in (
+    ("torch.nn.Softmax", "nn.Softmax(dim={dim})", "unit"),
+    ("torch.nn.LogSoftmax", "nn.LogSoftmax(dim={dim})", "nonpos"),
 ):
-    _add(ApiEntry(_name, "softmax", (1, 2, 3, 4, 5), _call, sample=_softmax_sample, yields=_yields,
-                  normalizes=_dim_set, mag=_mag_one, effect="normalize"))
-for _name, _ctor, _yields in (("torch.nn.Softmax", "nn.Softmax(dim={dim})", "unit"),
-                              ("torch.nn.LogSoftmax", "nn.LogSoftmax(dim={dim})", "nonpos")):
-    _add(ApiEntry(_name, "softmax", (2, 3, 4, 5), "self.{m}({x})", layer=_ctor, attr="softmax",
-                  sample=_softmax_sample, yields=_yields, normalizes=_dim_set, mag=_mag_one, effect="normalize"))
-_add(ApiEntry("torch.nn.functional.normalize", "norm", (2, 3, 4, 5), "F.normalize({x}, dim={dim})",
-              sample=_softmax_sample, normalizes=_dim_set, effect="normalize",
-              mag=lambda m, s, a: 1 / math.sqrt(s[a["dim"]])))
-_add(ApiEntry("torch.nn.functional.glu", "activation", (2, 3, 4, 5), "F.glu({x}, dim={dim})",
-              sample=lambda op, rng, d: None if op.shape[-1] % 2 else {"dim": -1},
-              out_shape=lambda s, a: s[:-1] + (s[-1] // 2,)))
+    _add(
+        ApiEntry(
+            _name,
+            "softmax",
+            (2, 3, 4, 5),
+            "self.{m}({x})",
+            layer=_ctor,
+            attr="softmax",
+            sample=_softmax_sample,
+            yields=_yields,
+            normalizes=_dim_set,
+            mag=_mag_one,
+            effect="normalize",
+        )
+    )
+_add(
+    ApiEntry(
+        "torch.nn.functional.normalize",
+        "norm",
+        (2, 3, 4, 5),
+        "F.normalize({x}, dim={dim})",
+        sample=_softmax_sample,
+        normalizes=_dim_set,
+        effect="normalize",
+        mag=lambda m, s, a: 1 / math.sqrt(s[a["dim"]]),
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.glu",
+        "activation",
+        (2, 3, 4, 5),
+        "F.glu({x}, dim={dim})",
+        sample=lambda op, rng, d: None if op.shape[-1] % 2 else {"dim": -1},
+        out_shape=lambda s, a: s[:-1] + (s[-1] // 2,),
+    )
+)
 
 
 # Normalisation layers.
@@ -399,14 +601,38 @@ def _norm_over(first: int) -> Callable[[Shape, Args], frozenset[int]]:
 
 
 for _bn, _ranks in (("BatchNorm1d", (2, 3)), ("BatchNorm2d", (4,)), ("BatchNorm3d", (5,))):
-    _add(ApiEntry(f"torch.nn.{_bn}", "norm", _ranks, "self.{m}({x})", layer=f"nn.{_bn}({{num_features}}, affine={{bias}})",
-                  attr="bn", init_args=("num_features",), sample=_channels_sample, has_bias=True,
-                  normalizes=lambda s, a: frozenset({0} | set(range(2, len(s)))), mag=_mag_one, effect="normalize"))
+    _add(
+        ApiEntry(
+            f"torch.nn.{_bn}",
+            "norm",
+            _ranks,
+            "self.{m}({x})",
+            layer=f"nn.{_bn}({{num_features}}, affine={{bias}})",
+            attr="bn",
+            init_args=("num_features",),
+            sample=_channels_sample,
+            has_bias=True,
+            normalizes=lambda s, a: frozenset({0} | set(range(2, len(s)))),
+            mag=_mag_one,
+            effect="normalize",
+        )
+    )
 for _rank, _inorm in ((3, "InstanceNorm1d"), (4, "InstanceNorm2d"), (5, "InstanceNorm3d")):
-    _add(ApiEntry(f"torch.nn.{_inorm}", "norm", (_rank,), "self.{m}({x})",
-                  layer=f"nn.{_inorm}({{num_features}})", attr="inorm", init_args=("num_features",),
-                  sample=lambda op, rng, d: {"num_features": op.shape[1]} if math.prod(op.shape[2:]) > 1 else None,
-                  normalizes=_norm_over(2), mag=_mag_one, effect="normalize"))
+    _add(
+        ApiEntry(
+            f"torch.nn.{_inorm}",
+            "norm",
+            (_rank,),
+            "self.{m}({x})",
+            layer=f"nn.{_inorm}({{num_features}})",
+            attr="inorm",
+            init_args=("num_features",),
+            sample=lambda op, rng, d: {"num_features": op.shape[1]} if math.prod(op.shape[2:]) > 1 else None,
+            normalizes=_norm_over(2),
+            mag=_mag_one,
+            effect="normalize",
+        )
+    )
 
 
 def _group_sample(op: Operand, rng: Random, d: float) -> Args | None:
@@ -415,11 +641,34 @@ def _group_sample(op: Operand, rng: Random, d: float) -> Args | None:
     return {"num_groups": rng.choice(groups), "num_channels": channels} if groups else None
 
 
-_add(ApiEntry("torch.nn.GroupNorm", "norm", (3, 4, 5), "self.{m}({x})", layer="nn.GroupNorm({num_groups}, {num_channels}, affine={bias})", has_bias=True,
-              attr="gn", init_args=("num_groups", "num_channels"), sample=_group_sample,
-              normalizes=_norm_over(1), mag=_mag_one, effect="normalize"))
-_add(ApiEntry("torch.nn.functional.group_norm", "norm", (3, 4, 5), "F.group_norm({x}, {num_groups})",
-              sample=_group_sample, normalizes=_norm_over(1), mag=_mag_one, effect="normalize"))
+_add(
+    ApiEntry(
+        "torch.nn.GroupNorm",
+        "norm",
+        (3, 4, 5),
+        "self.{m}({x})",
+        layer="nn.GroupNorm({num_groups}, {num_channels}, affine={bias})",
+        has_bias=True,
+        attr="gn",
+        init_args=("num_groups", "num_channels"),
+        sample=_group_sample,
+        normalizes=_norm_over(1),
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.group_norm",
+        "norm",
+        (3, 4, 5),
+        "F.group_norm({x}, {num_groups})",
+        sample=_group_sample,
+        normalizes=_norm_over(1),
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
 
 
 def _last_dims_sample(op: Operand, rng: Random, d: float) -> Args | None:
@@ -428,24 +677,71 @@ def _last_dims_sample(op: Operand, rng: Random, d: float) -> Args | None:
     return {"normalized_shape": shape} if math.prod(shape) > 1 else None
 
 
-_last_normalized = lambda s, a: frozenset(range(len(s) - len(a["normalized_shape"]), len(s)))  # noqa: E731
-_add(ApiEntry("torch.nn.LayerNorm", "norm", (2, 3, 4, 5), "self.{m}({x})", layer="nn.LayerNorm({normalized_shape}, elementwise_affine={bias})", has_bias=True,
-              attr="ln", init_args=("normalized_shape",), sample=_last_dims_sample,
-              normalizes=_last_normalized, mag=_mag_one, effect="normalize"))
-_add(ApiEntry("torch.nn.functional.layer_norm", "norm", (2, 3, 4, 5), "F.layer_norm({x}, {normalized_shape})",
-              sample=_last_dims_sample, normalizes=_last_normalized, mag=_mag_one, effect="normalize"))
-_add(ApiEntry("torch.nn.RMSNorm", "norm", (2, 3, 4, 5), "self.{m}({x})", layer="nn.RMSNorm({normalized_shape}, elementwise_affine={bias})", has_bias=True,
-              attr="rms", init_args=("normalized_shape",), sample=_last_dims_sample,
-              normalizes=_last_normalized, mag=_mag_one, effect="normalize"))
-_add(ApiEntry("torch.nn.functional.instance_norm", "norm", (3, 4, 5), "F.instance_norm({x})",
-              sample=lambda op, rng, d: {} if math.prod(op.shape[2:]) > 1 else None,
-              normalizes=_norm_over(2), mag=_mag_one, effect="normalize"))
+def _last_normalized(s: Shape, a: Args) -> frozenset[int]:
+    return frozenset(range(len(s) - len(a["normalized_shape"]), len(s)))
+
+
+_add(
+    ApiEntry(
+        "torch.nn.LayerNorm",
+        "norm",
+        (2, 3, 4, 5),
+        "self.{m}({x})",
+        layer="nn.LayerNorm({normalized_shape}, elementwise_affine={bias})",
+        has_bias=True,
+        attr="ln",
+        init_args=("normalized_shape",),
+        sample=_last_dims_sample,
+        normalizes=_last_normalized,
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.layer_norm",
+        "norm",
+        (2, 3, 4, 5),
+        "F.layer_norm({x}, {normalized_shape})",
+        sample=_last_dims_sample,
+        normalizes=_last_normalized,
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.RMSNorm",
+        "norm",
+        (2, 3, 4, 5),
+        "self.{m}({x})",
+        layer="nn.RMSNorm({normalized_shape}, elementwise_affine={bias})",
+        has_bias=True,
+        attr="rms",
+        init_args=("normalized_shape",),
+        sample=_last_dims_sample,
+        normalizes=_last_normalized,
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.instance_norm",
+        "norm",
+        (3, 4, 5),
+        "F.instance_norm({x})",
+        sample=lambda op, rng, d: {} if math.prod(op.shape[2:]) > 1 else None,
+        normalizes=_norm_over(2),
+        mag=_mag_one,
+        effect="normalize",
+    )
+)
 
 
 # Linear maps.
 def _linear_sample(op: Operand, rng: Random, d: float) -> Args:
-    return {"in_features": op.shape[-1], "out_features": _pick(rng, [64, 128, 256, 512, 1024], d),
-            "bias": True}
+    return {"in_features": op.shape[-1], "out_features": _pick(rng, [64, 128, 256, 512, 1024], d), "bias": True}
 
 
 def _linear_flops(shape: Shape, args: Args) -> float:
@@ -456,41 +752,117 @@ def _mag_linear(m: float, shape: Shape, args: Args) -> float:
     return m / math.sqrt(3) + 0.3
 
 
-_add(ApiEntry("torch.nn.Linear", "linear", (2, 3, 4), "self.{m}({x})",
-              layer="nn.Linear({in_features}, {out_features}, bias={bias})", attr="linear",
-              init_args=("in_features", "out_features"), sample=_linear_sample,
-              out_shape=lambda s, a: s[:-1] + (a["out_features"],), flops=_linear_flops, mag=_mag_linear,
-              effect="mix", has_bias=True))
-_add(ApiEntry("torch.nn.functional.linear", "linear", (2, 3, 4), "F.linear({x}, {y})",
-              second=SecondOperand(shape=lambda s, a: (a["out_features"], s[-1]), sources=("param",),
-                                   make="torch.randn({shape}) * " + "0.05"),
-              sample=_linear_sample, out_shape=lambda s, a: s[:-1] + (a["out_features"],), flops=_linear_flops,
-              mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]), effect="mix"))
+_add(
+    ApiEntry(
+        "torch.nn.Linear",
+        "linear",
+        (2, 3, 4),
+        "self.{m}({x})",
+        layer="nn.Linear({in_features}, {out_features}, bias={bias})",
+        attr="linear",
+        init_args=("in_features", "out_features"),
+        sample=_linear_sample,
+        out_shape=lambda s, a: s[:-1] + (a["out_features"],),
+        flops=_linear_flops,
+        mag=_mag_linear,
+        effect="mix",
+        has_bias=True,
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.linear",
+        "linear",
+        (2, 3, 4),
+        "F.linear({x}, {y})",
+        second=SecondOperand(
+            shape=lambda s, a: (a["out_features"], s[-1]), sources=("param",), make="torch.randn({shape}) * " + "0.05"
+        ),
+        sample=_linear_sample,
+        out_shape=lambda s, a: s[:-1] + (a["out_features"],),
+        flops=_linear_flops,
+        mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]),
+        effect="mix",
+    )
+)
 _MATMUL_SECOND = SecondOperand(shape=lambda s, a: (s[-1], a["out_features"]), make="torch.randn({shape}) * 0.05")
-for _name, _call, _ranks in (("torch.matmul", "torch.matmul({x}, {y})", (2, 3, 4)),
-                             ("Tensor.matmul", "{x}.matmul({y})", (2, 3, 4)),
-                             ("torch.mm", "torch.mm({x}, {y})", (2,)),
-                             ("torch.einsum", "torch.einsum({equation}, {x}, {y})", (2, 3, 4))):
-    _add(ApiEntry(_name, "linear", _ranks, _call, second=_MATMUL_SECOND,
-                  sample=lambda op, rng, d: {**_linear_sample(op, rng, d),
-                                             "equation": "abcd"[:op.rank - 1] + "k,kn->" + "abcd"[:op.rank - 1] + "n"},
-                  out_shape=lambda s, a: s[:-1] + (a["out_features"],), flops=_linear_flops,
-                  mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]), effect="mix"))
-_add(ApiEntry("torch.bmm", "linear", (3,), "torch.bmm({x}, {y})",
-              second=SecondOperand(shape=lambda s, a: (s[0], s[-1], a["out_features"]), sources=("input",),
-                                   make="torch.randn({shape}) * 0.05"),
-              sample=_linear_sample, out_shape=lambda s, a: s[:-1] + (a["out_features"],), flops=_linear_flops,
-              mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]), effect="mix"))
-_add(ApiEntry("torch.nn.functional.scaled_dot_product_attention", "linear", (3, 4),
-              "F.scaled_dot_product_attention({x}, {y}, {y})", second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
-              sample=lambda op, rng, d: {} if op.shape[-1] <= 256 and op.shape[-2] <= 1024 else None,
-              flops=lambda s, a: 4.0 * math.prod(s) * s[-2], mag=lambda m, s, a: m, effect="mix"))
-_add(ApiEntry("torch.tril", "shape", (2, 3, 4), "torch.tril({x})", yields="same", effect="affine",
-              saturates=frozenset({"zeros"}),
-              sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None))
-_add(ApiEntry("torch.triu", "shape", (2, 3, 4), "torch.triu({x})", yields="same", effect="affine",
-              saturates=frozenset({"zeros"}),
-              sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None))
+_MATMULS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("torch.matmul", "torch.matmul({x}, {y})", (2, 3, 4)),
+    ("Tensor.matmul", "{x}.matmul({y})", (2, 3, 4)),
+    ("torch.mm", "torch.mm({x}, {y})", (2,)),
+    ("torch.einsum", "torch.einsum({equation}, {x}, {y})", (2, 3, 4)),
+)
+for _name, _call, _matmul_ranks in _MATMULS:
+    _add(
+        ApiEntry(
+            _name,
+            "linear",
+            _matmul_ranks,
+            _call,
+            second=_MATMUL_SECOND,
+            sample=lambda op, rng, d: {
+                **_linear_sample(op, rng, d),
+                "equation": "abcd"[: op.rank - 1] + "k,kn->" + "abcd"[: op.rank - 1] + "n",
+            },
+            out_shape=lambda s, a: s[:-1] + (a["out_features"],),
+            flops=_linear_flops,
+            mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]),
+            effect="mix",
+        )
+    )
+_add(
+    ApiEntry(
+        "torch.bmm",
+        "linear",
+        (3,),
+        "torch.bmm({x}, {y})",
+        second=SecondOperand(
+            shape=lambda s, a: (s[0], s[-1], a["out_features"]), sources=("input",), make="torch.randn({shape}) * 0.05"
+        ),
+        sample=_linear_sample,
+        out_shape=lambda s, a: s[:-1] + (a["out_features"],),
+        flops=_linear_flops,
+        mag=lambda m, s, a: m * 0.05 * math.sqrt(s[-1]),
+        effect="mix",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.scaled_dot_product_attention",
+        "linear",
+        (3, 4),
+        "F.scaled_dot_product_attention({x}, {y}, {y})",
+        second=SecondOperand(shape=lambda s, a: s, sources=("input",)),
+        sample=lambda op, rng, d: {} if op.shape[-1] <= 256 and op.shape[-2] <= 1024 else None,
+        flops=lambda s, a: 4.0 * math.prod(s) * s[-2],
+        mag=lambda m, s, a: m,
+        effect="mix",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.tril",
+        "shape",
+        (2, 3, 4),
+        "torch.tril({x})",
+        yields="same",
+        effect="affine",
+        saturates=frozenset({"zeros"}),
+        sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None,
+    )
+)
+_add(
+    ApiEntry(
+        "torch.triu",
+        "shape",
+        (2, 3, 4),
+        "torch.triu({x})",
+        yields="same",
+        effect="affine",
+        saturates=frozenset({"zeros"}),
+        sample=lambda op, rng, d: {} if op.shape[-1] > 1 and op.shape[-2] > 1 else None,
+    )
+)
 
 
 # Convolutions: the spatial rank is the input rank minus two.
@@ -508,13 +880,22 @@ def _conv_sampler(spatial: int, transposed: bool) -> Sampler:
         out_channels = _pick(rng, [8, 16, 32, 64], d)
         if not transposed and any(_conv_out(s, k, stride, padding) < 1 for s in sizes):
             return None
-        if transposed and stride == 2 and math.prod(sizes) * 2 ** spatial > 2 ** 18:
+        if transposed and stride == 2 and math.prod(sizes) * 2**spatial > 2**18:
             stride = 1
         groups = 1
         if rng.random() < 0.2 and in_channels % 2 == 0 and out_channels % 2 == 0:
             groups = 2
-        return {"in_channels": in_channels, "out_channels": out_channels, "kernel_size": k, "stride": stride,
-                "padding": padding, "groups": groups, "bias": True, "_spatial": spatial}
+        return {
+            "in_channels": in_channels,
+            "out_channels": out_channels,
+            "kernel_size": k,
+            "stride": stride,
+            "padding": padding,
+            "groups": groups,
+            "bias": True,
+            "_spatial": spatial,
+        }
+
     return sample
 
 
@@ -526,6 +907,7 @@ def _conv_shape(transposed: bool) -> ShapeFn:
         else:
             spatial = tuple(_conv_out(n, k, st, p) for n in s[2:])
         return (s[0], a["out_channels"]) + spatial
+
     return shape
 
 
@@ -538,22 +920,47 @@ for _spatial in (1, 2, 3):
     for _transposed in (False, True):
         _layer_name = f"ConvTranspose{_spatial}d" if _transposed else f"Conv{_spatial}d"
         _base = _conv_sampler(_spatial, _transposed)
-        _add(ApiEntry(f"torch.nn.{_layer_name}", "conv", (_spatial + 2,), "self.{m}({x})",
-                      layer=f"nn.{_layer_name}({{in_channels}}, {{out_channels}}, {{kernel_size}}, stride={{stride}}, "
-                            "padding={padding}, groups={groups}, bias={bias})",
-                      attr="conv_t" if _transposed else "conv", init_args=("in_channels", "out_channels", "kernel_size"),
-                      sample=(lambda base, t: lambda op, rng, d: (None if (a := base(op, rng, d)) is None
-                                                                  else {**a, "_transposed": t}))(_base, _transposed),
-                      out_shape=_conv_shape(_transposed), flops=_conv_flops, mag=_mag_linear, effect="mix",
-                      has_bias=True))
+        _add(
+            ApiEntry(
+                f"torch.nn.{_layer_name}",
+                "conv",
+                (_spatial + 2,),
+                "self.{m}({x})",
+                layer=f"nn.{_layer_name}({{in_channels}}, {{out_channels}}, {{kernel_size}}, stride={{stride}}, "
+                "padding={padding}, groups={groups}, bias={bias})",
+                attr="conv_t" if _transposed else "conv",
+                init_args=("in_channels", "out_channels", "kernel_size"),
+                sample=(lambda base, t: lambda op, rng, d: None if (a := base(op, rng, d)) is None else {**a, "_transposed": t})(
+                    _base, _transposed
+                ),
+                out_shape=_conv_shape(_transposed),
+                flops=_conv_flops,
+                mag=_mag_linear,
+                effect="mix",
+                has_bias=True,
+            )
+        )
 for _spatial in (1, 2):
-    _add(ApiEntry(f"torch.nn.functional.conv{_spatial}d", "conv", (_spatial + 2,), f"F.conv{_spatial}d({{x}}, {{y}}, padding={{padding}})",
-                  second=SecondOperand(shape=lambda s, a: (a["out_channels"], s[1]) + (a["kernel_size"],) * (len(s) - 2),
-                                       sources=("param",), make="torch.randn({shape}) * 0.1"),
-                  sample=(lambda base: lambda op, rng, d: (None if (a := base(op, rng, d)) is None
-                                                           else {**a, "stride": 1, "groups": 1}))(_conv_sampler(_spatial, False)),
-                  out_shape=lambda s, a: _conv_shape(False)(s, {**a, "stride": 1}), flops=_conv_flops,
-                  mag=lambda m, s, a: m * 0.1 * math.sqrt(s[1] * a["kernel_size"] ** (len(s) - 2)), effect="mix"))
+    _add(
+        ApiEntry(
+            f"torch.nn.functional.conv{_spatial}d",
+            "conv",
+            (_spatial + 2,),
+            f"F.conv{_spatial}d({{x}}, {{y}}, padding={{padding}})",
+            second=SecondOperand(
+                shape=lambda s, a: (a["out_channels"], s[1]) + (a["kernel_size"],) * (len(s) - 2),
+                sources=("param",),
+                make="torch.randn({shape}) * 0.1",
+            ),
+            sample=(lambda base: lambda op, rng, d: None if (a := base(op, rng, d)) is None else {**a, "stride": 1, "groups": 1})(
+                _conv_sampler(_spatial, False)
+            ),
+            out_shape=lambda s, a: _conv_shape(False)(s, {**a, "stride": 1}),
+            flops=_conv_flops,
+            mag=lambda m, s, a: m * 0.1 * math.sqrt(s[1] * a["kernel_size"] ** (len(s) - 2)),
+            effect="mix",
+        )
+    )
 
 
 # Pooling and resizing.
@@ -569,17 +976,45 @@ def _pool_shape(s: Shape, a: Args) -> Shape:
 
 
 for _spatial in (1, 2, 3):
-    for _kind in ("Max", "Avg"):
-        _add(ApiEntry(f"torch.nn.{_kind}Pool{_spatial}d", "pool", (_spatial + 2,), "self.{m}({x})",
-                      layer=f"nn.{_kind}Pool{_spatial}d(kernel_size={{kernel_size}}, stride={{stride}})",
-                      attr="pool", init_args=("kernel_size",), sample=_pool_sample, out_shape=_pool_shape,
-                      yields="same", effect="affine" if _kind == "Avg" else "nonlinear"))
-    _add(ApiEntry(f"torch.nn.functional.max_pool{_spatial}d", "pool", (_spatial + 2,),
-                  f"F.max_pool{_spatial}d({{x}}, kernel_size={{kernel_size}}, stride={{stride}})",
-                  sample=_pool_sample, out_shape=_pool_shape, yields="same"))
-    _add(ApiEntry(f"torch.nn.functional.avg_pool{_spatial}d", "pool", (_spatial + 2,),
-                  f"F.avg_pool{_spatial}d({{x}}, kernel_size={{kernel_size}}, stride={{stride}})",
-                  sample=_pool_sample, out_shape=_pool_shape, yields="same", effect="affine"))
+    for _pool in ("Max", "Avg"):
+        _add(
+            ApiEntry(
+                f"torch.nn.{_pool}Pool{_spatial}d",
+                "pool",
+                (_spatial + 2,),
+                "self.{m}({x})",
+                layer=f"nn.{_pool}Pool{_spatial}d(kernel_size={{kernel_size}}, stride={{stride}})",
+                attr="pool",
+                init_args=("kernel_size",),
+                sample=_pool_sample,
+                out_shape=_pool_shape,
+                yields="same",
+                effect="affine" if _pool == "Avg" else "nonlinear",
+            )
+        )
+    _add(
+        ApiEntry(
+            f"torch.nn.functional.max_pool{_spatial}d",
+            "pool",
+            (_spatial + 2,),
+            f"F.max_pool{_spatial}d({{x}}, kernel_size={{kernel_size}}, stride={{stride}})",
+            sample=_pool_sample,
+            out_shape=_pool_shape,
+            yields="same",
+        )
+    )
+    _add(
+        ApiEntry(
+            f"torch.nn.functional.avg_pool{_spatial}d",
+            "pool",
+            (_spatial + 2,),
+            f"F.avg_pool{_spatial}d({{x}}, kernel_size={{kernel_size}}, stride={{stride}})",
+            sample=_pool_sample,
+            out_shape=_pool_shape,
+            yields="same",
+            effect="affine",
+        )
+    )
 
 
 def _adaptive_sample(op: Operand, rng: Random, d: float) -> Args | None:
@@ -587,26 +1022,86 @@ def _adaptive_sample(op: Operand, rng: Random, d: float) -> Args | None:
     return {"output_size": rng.choice(options)} if options else None
 
 
-_adaptive_shape: ShapeFn = lambda s, a: s[:2] + (a["output_size"],) * (len(s) - 2)  # noqa: E731
+def _adaptive_shape(s: Shape, a: Args) -> Shape:
+    return s[:2] + (a["output_size"],) * (len(s) - 2)
+
+
 for _spatial in (1, 2, 3):
-    _add(ApiEntry(f"torch.nn.AdaptiveAvgPool{_spatial}d", "pool", (_spatial + 2,), "self.{m}({x})",
-                  layer=f"nn.AdaptiveAvgPool{_spatial}d({{output_size}})", attr="gap", sample=_adaptive_sample,
-                  out_shape=_adaptive_shape, yields="same", effect="affine"))
-    _add(ApiEntry(f"torch.nn.functional.adaptive_avg_pool{_spatial}d", "pool", (_spatial + 2,),
-                  f"F.adaptive_avg_pool{_spatial}d({{x}}, {{output_size}})", sample=_adaptive_sample,
-                  out_shape=_adaptive_shape, yields="same", effect="affine"))
-_add(ApiEntry("torch.nn.AdaptiveMaxPool2d", "pool", (4,), "self.{m}({x})", layer="nn.AdaptiveMaxPool2d({output_size})",
-              attr="gmp", sample=_adaptive_sample, out_shape=_adaptive_shape, yields="same"))
-_add(ApiEntry("torch.nn.functional.interpolate", "resize", (3, 4, 5),
-              "F.interpolate({x}, scale_factor={scale}, mode='nearest')",
-              sample=lambda op, rng, d: {"scale": 2} if op.numel <= 2 ** 18 else None,
-              out_shape=lambda s, a: s[:2] + tuple(n * a["scale"] for n in s[2:]), yields="same", effect="affine"))
-_add(ApiEntry("torch.nn.functional.pixel_shuffle", "resize", (4,), "F.pixel_shuffle({x}, {factor})",
-              sample=lambda op, rng, d: {"factor": 2} if op.shape[1] % 4 == 0 else None,
-              out_shape=lambda s, a: (s[0], s[1] // 4, s[2] * 2, s[3] * 2), yields="same", effect="shape"))
-_add(ApiEntry("torch.nn.functional.pad", "resize", (3, 4, 5), "F.pad({x}, {pad})",
-              sample=lambda op, rng, d: {"pad": (1, 1)}, yields="same", effect="affine",
-              out_shape=lambda s, a: s[:-1] + (s[-1] + 2,)))
+    _add(
+        ApiEntry(
+            f"torch.nn.AdaptiveAvgPool{_spatial}d",
+            "pool",
+            (_spatial + 2,),
+            "self.{m}({x})",
+            layer=f"nn.AdaptiveAvgPool{_spatial}d({{output_size}})",
+            attr="gap",
+            sample=_adaptive_sample,
+            out_shape=_adaptive_shape,
+            yields="same",
+            effect="affine",
+        )
+    )
+    _add(
+        ApiEntry(
+            f"torch.nn.functional.adaptive_avg_pool{_spatial}d",
+            "pool",
+            (_spatial + 2,),
+            f"F.adaptive_avg_pool{_spatial}d({{x}}, {{output_size}})",
+            sample=_adaptive_sample,
+            out_shape=_adaptive_shape,
+            yields="same",
+            effect="affine",
+        )
+    )
+_add(
+    ApiEntry(
+        "torch.nn.AdaptiveMaxPool2d",
+        "pool",
+        (4,),
+        "self.{m}({x})",
+        layer="nn.AdaptiveMaxPool2d({output_size})",
+        attr="gmp",
+        sample=_adaptive_sample,
+        out_shape=_adaptive_shape,
+        yields="same",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.interpolate",
+        "resize",
+        (3, 4, 5),
+        "F.interpolate({x}, scale_factor={scale}, mode='nearest')",
+        sample=lambda op, rng, d: {"scale": 2} if op.numel <= 2**18 else None,
+        out_shape=lambda s, a: s[:2] + tuple(n * a["scale"] for n in s[2:]),
+        yields="same",
+        effect="affine",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.pixel_shuffle",
+        "resize",
+        (4,),
+        "F.pixel_shuffle({x}, {factor})",
+        sample=lambda op, rng, d: {"factor": 2} if op.shape[1] % 4 == 0 else None,
+        out_shape=lambda s, a: (s[0], s[1] // 4, s[2] * 2, s[3] * 2),
+        yields="same",
+        effect="shape",
+    )
+)
+_add(
+    ApiEntry(
+        "torch.nn.functional.pad",
+        "resize",
+        (3, 4, 5),
+        "F.pad({x}, {pad})",
+        sample=lambda op, rng, d: {"pad": (1, 1)},
+        yields="same",
+        effect="affine",
+        out_shape=lambda s, a: s[:-1] + (s[-1] + 2,),
+    )
+)
 
 
 # Shape ops.
@@ -624,8 +1119,7 @@ def _swapped(s: Shape, a: Args) -> Shape:
 
 
 for _name, _call in (("torch.transpose", "torch.transpose({x}, {a}, {b})"), ("Tensor.transpose", "{x}.transpose({a}, {b})")):
-    _add(ApiEntry(_name, "shape", (2, 3, 4, 5), _call, sample=_swap_sample, out_shape=_swapped, yields="same",
-                  effect="shape"))
+    _add(ApiEntry(_name, "shape", (2, 3, 4, 5), _call, sample=_swap_sample, out_shape=_swapped, yields="same", effect="shape"))
 
 
 def _permute_sample(op: Operand, rng: Random, d: float) -> Args | None:
@@ -635,28 +1129,80 @@ def _permute_sample(op: Operand, rng: Random, d: float) -> Args | None:
 
 
 for _name, _call in (("torch.permute", "torch.permute({x}, {dims})"), ("Tensor.permute", "{x}.permute({dims})")):
-    _add(ApiEntry(_name, "shape", (3, 4, 5), _call, sample=_permute_sample,
-                  out_shape=lambda s, a: tuple(s[i] for i in a["dims"]), yields="same", effect="shape"))
+    _add(
+        ApiEntry(
+            _name,
+            "shape",
+            (3, 4, 5),
+            _call,
+            sample=_permute_sample,
+            out_shape=lambda s, a: tuple(s[i] for i in a["dims"]),
+            yields="same",
+            effect="shape",
+        )
+    )
 for _name, _call in (("torch.flatten", "torch.flatten({x}, {start})"), ("Tensor.flatten", "{x}.flatten({start})")):
-    _add(ApiEntry(_name, "shape", (3, 4, 5), _call, sample=lambda op, rng, d: {"start": rng.randint(1, op.rank - 2)},
-                  out_shape=lambda s, a: s[:a["start"]] + (math.prod(s[a["start"]:]),), yields="same", effect="shape"))
-_add(ApiEntry("torch.nn.Flatten", "shape", (3, 4, 5), "self.{m}({x})", layer="nn.Flatten()", attr="flatten",
-              out_shape=lambda s, a: (s[0], math.prod(s[1:])), yields="same", effect="shape"))
-for _name, _call in (("Tensor.view", "{x}.view({shape})"), ("Tensor.reshape", "{x}.reshape({shape})"),
-                     ("torch.reshape", "torch.reshape({x}, {shape})")):
-    _add(ApiEntry(_name, "shape", (3, 4, 5), _call,
-                  sample=(lambda view: lambda op, rng, d: None if view and not op.contiguous
-                          else {"shape": (op.shape[0], -1)})(_name == "Tensor.view"),
-                  out_shape=lambda s, a: (s[0], math.prod(s[1:])), yields="same", effect="shape"))
-_add(ApiEntry("Tensor.unsqueeze", "shape", (1, 2, 3, 4), "{x}.unsqueeze({dim})",
-              sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank)},
-              out_shape=lambda s, a: s[:a["dim"]] + (1,) + s[a["dim"]:], yields="same", effect="shape"))
+    _add(
+        ApiEntry(
+            _name,
+            "shape",
+            (3, 4, 5),
+            _call,
+            sample=lambda op, rng, d: {"start": rng.randint(1, op.rank - 2)},
+            out_shape=lambda s, a: s[: a["start"]] + (math.prod(s[a["start"] :]),),
+            yields="same",
+            effect="shape",
+        )
+    )
+_add(
+    ApiEntry(
+        "torch.nn.Flatten",
+        "shape",
+        (3, 4, 5),
+        "self.{m}({x})",
+        layer="nn.Flatten()",
+        attr="flatten",
+        out_shape=lambda s, a: (s[0], math.prod(s[1:])),
+        yields="same",
+        effect="shape",
+    )
+)
+for _name, _call in (
+    ("Tensor.view", "{x}.view({shape})"),
+    ("Tensor.reshape", "{x}.reshape({shape})"),
+    ("torch.reshape", "torch.reshape({x}, {shape})"),
+):
+    _add(
+        ApiEntry(
+            _name,
+            "shape",
+            (3, 4, 5),
+            _call,
+            sample=(lambda view: lambda op, rng, d: None if view and not op.contiguous else {"shape": (op.shape[0], -1)})(
+                _name == "Tensor.view"
+            ),
+            out_shape=lambda s, a: (s[0], math.prod(s[1:])),
+            yields="same",
+            effect="shape",
+        )
+    )
+_add(
+    ApiEntry(
+        "Tensor.unsqueeze",
+        "shape",
+        (1, 2, 3, 4),
+        "{x}.unsqueeze({dim})",
+        sample=lambda op, rng, d: {"dim": rng.randint(1, op.rank)},
+        out_shape=lambda s, a: s[: a["dim"]] + (1,) + s[a["dim"] :],
+        yields="same",
+        effect="shape",
+    )
+)
 
 
 # Losses, per element or per sample (reduction='none': a mean over a large tensor is near-constant).
 def _loss(name: str, call: str, second: SecondOperand, out_shape: ShapeFn = _same, **kw: Any) -> None:
-    _add(ApiEntry(name, "loss", kw.pop("ranks", (2, 3, 4)), call, second=second, out_shape=out_shape,
-                  effect="terminal", **kw))
+    _add(ApiEntry(name, "loss", kw.pop("ranks", (2, 3, 4)), call, second=second, out_shape=out_shape, effect="terminal", **kw))
 
 
 def _classes_sample(op: Operand, rng: Random, d: float) -> Args | None:
@@ -668,41 +1214,85 @@ _TARGET = SecondOperand(shape=lambda s, a: s, sources=("input",))
 _loss("torch.nn.functional.mse_loss", "F.mse_loss({x}, {y}, reduction='none')", _TARGET, yields="nonneg")
 _loss("torch.nn.functional.l1_loss", "F.l1_loss({x}, {y}, reduction='none')", _TARGET, yields="nonneg")
 _loss("torch.nn.functional.smooth_l1_loss", "F.smooth_l1_loss({x}, {y}, reduction='none')", _TARGET, yields="nonneg")
-_loss("torch.nn.functional.huber_loss", "F.huber_loss({x}, {y}, reduction='none', delta={delta})", _TARGET,
-      sample=lambda op, rng, d: {"delta": rng.choice([0.5, 1.0])}, yields="nonneg")
-_loss("torch.nn.functional.binary_cross_entropy", "F.binary_cross_entropy({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"), requires="unit",
-      yields="nonneg")
-_loss("torch.nn.functional.binary_cross_entropy_with_logits",
-      "F.binary_cross_entropy_with_logits({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"), yields="nonneg")
-_loss("torch.nn.functional.kl_div", "F.kl_div({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"), requires="nonpos")
-_loss("torch.nn.functional.soft_margin_loss", "F.soft_margin_loss({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.randint(0, 2, {shape}).float() * 2 - 1"),
-      small_input=True, yields="nonneg")
-_loss("torch.nn.functional.cross_entropy", "F.cross_entropy({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})",
-                    dtype="int64"),
-      sample=_classes_sample, out_shape=lambda s, a: (s[0],), ranks=(2,), yields="nonneg")
-_loss("torch.nn.functional.nll_loss", "F.nll_loss({x}, {y}, reduction='none')",
-      SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})",
-                    dtype="int64"),
-      sample=_classes_sample, out_shape=lambda s, a: (s[0],), ranks=(2,), requires="nonpos")
-_loss("torch.nn.functional.cosine_similarity", "F.cosine_similarity({x}, {y}, dim={dim})", _TARGET,
-      sample=lambda op, rng, d: {"dim": 1}, out_shape=lambda s, a: s[:1] + s[2:], ranks=(2, 3, 4), yields="bounded")
-_loss("torch.nn.functional.pairwise_distance", "F.pairwise_distance({x}, {y})", _TARGET,
-      out_shape=lambda s, a: (s[0],), ranks=(2,), yields="nonneg")
-_loss("torch.nn.functional.triplet_margin_loss", "F.triplet_margin_loss({x}, {y}, {y}.flip(0), reduction='none')",
-      _TARGET, out_shape=lambda s, a: (s[0],), ranks=(2,), yields="nonneg")
+_loss(
+    "torch.nn.functional.huber_loss",
+    "F.huber_loss({x}, {y}, reduction='none', delta={delta})",
+    _TARGET,
+    sample=lambda op, rng, d: {"delta": rng.choice([0.5, 1.0])},
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.binary_cross_entropy",
+    "F.binary_cross_entropy({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"),
+    requires="unit",
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.binary_cross_entropy_with_logits",
+    "F.binary_cross_entropy_with_logits({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"),
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.kl_div",
+    "F.kl_div({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.rand({shape})"),
+    requires="nonpos",
+)
+_loss(
+    "torch.nn.functional.soft_margin_loss",
+    "F.soft_margin_loss({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: s, sources=("input",), make="torch.randint(0, 2, {shape}).float() * 2 - 1"),
+    small_input=True,
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.cross_entropy",
+    "F.cross_entropy({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})", dtype="int64"),
+    sample=_classes_sample,
+    out_shape=lambda s, a: (s[0],),
+    ranks=(2,),
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.nll_loss",
+    "F.nll_loss({x}, {y}, reduction='none')",
+    SecondOperand(shape=lambda s, a: (s[0],), sources=("input",), make="torch.randint(0, {classes}, {shape})", dtype="int64"),
+    sample=_classes_sample,
+    out_shape=lambda s, a: (s[0],),
+    ranks=(2,),
+    requires="nonpos",
+)
+_loss(
+    "torch.nn.functional.cosine_similarity",
+    "F.cosine_similarity({x}, {y}, dim={dim})",
+    _TARGET,
+    sample=lambda op, rng, d: {"dim": 1},
+    out_shape=lambda s, a: s[:1] + s[2:],
+    ranks=(2, 3, 4),
+    yields="bounded",
+)
+_loss(
+    "torch.nn.functional.pairwise_distance",
+    "F.pairwise_distance({x}, {y})",
+    _TARGET,
+    out_shape=lambda s, a: (s[0],),
+    ranks=(2,),
+    yields="nonneg",
+)
+_loss(
+    "torch.nn.functional.triplet_margin_loss",
+    "F.triplet_margin_loss({x}, {y}, {y}.flip(0), reduction='none')",
+    _TARGET,
+    out_shape=lambda s, a: (s[0],),
+    ranks=(2,),
+    yields="nonneg",
+)
 
 
 CATALOG: dict[str, ApiEntry] = {}
 for _e in ENTRIES:
     assert _e.name not in CATALOG, f"duplicate catalog entry {_e.name}"
     CATALOG[_e.name] = _e
-
-
-def catalog_names() -> list[str]:
-    """Every API the composers may use, sorted."""
-    return sorted(CATALOG)

@@ -72,7 +72,9 @@ POOL_STATUSES = ("valid", "reference")  # proposed tasks that passed validation,
 def task_pass_rates(statuses: tuple[str, ...] = POOL_STATUSES) -> list[TaskPassRate]:
     """Every task with one of these statuses, with its verdict counts (0 scored when never tried)."""
     counts = (
-        select(Candidate.task_id, func.count(Score.id).label("scored"), func.sum(case((Score.correct, 1), else_=0)).label("correct"))
+        select(
+            Candidate.task_id, func.count(Score.id).label("scored"), func.sum(case((Score.correct, 1), else_=0)).label("correct")
+        )
         .join(Score, Score.candidate_id == Candidate.id)
         .where(Score.status != "unverified")  # not checked (CUDA without a GPU): neither a pass nor a failure
         .group_by(Candidate.task_id)
@@ -86,7 +88,10 @@ def task_pass_rates(statuses: tuple[str, ...] = POOL_STATUSES) -> list[TaskPassR
     )
     with session_scope() as session:
         rows = session.execute(query).all()
-    return [TaskPassRate(task_id, int(scored or 0), int(correct or 0), tuple(api_set or ())) for task_id, api_set, scored, correct in rows]
+    return [
+        TaskPassRate(task_id, int(scored or 0), int(correct or 0), tuple(api_set or ()))
+        for task_id, api_set, scored, correct in rows
+    ]
 
 
 def pass_rate_histogram(rates: list[TaskPassRate], bins: int = 10, min_attempts: int = 1) -> tuple[list[float], list[int]]:
@@ -103,7 +108,7 @@ def select_frontier(rates: list[TaskPassRate], count: int, config: FrontierConfi
     fill go to exploration, and the other way round."""
     measured = sorted(
         (r for r in rates if r.scored >= config.min_attempts and 0 < r.correct < r.scored),
-        key=lambda r: (-frontier_reward(r.pass_rate, config), -r.scored),  # type: ignore[arg-type]
+        key=lambda r: (-frontier_reward(r.pass_rate or 0.0, config), -r.scored),  # measured: its pass rate is known
     )
     unmeasured = sorted((r for r in rates if r.scored < config.min_attempts), key=lambda r: r.scored)  # stable: newest first
     explore = min(len(unmeasured), round(count * config.explore_fraction))

@@ -31,7 +31,7 @@ import inspect
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from itertools import combinations
 from pathlib import Path
 
@@ -39,9 +39,9 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import delete, select
 
+from proposer_svc.stats import ApiStats
 from services.db.models import ApiCorpus, ApiPair, ApiUsage
 from services.db.session import session_scope
-from proposer_svc.stats import ApiStats
 
 DEFAULT_CORPUS = "default"
 CONTAINERS = {"torch.nn.Sequential", "torch.nn.ModuleList", "torch.nn.ModuleDict"}
@@ -50,8 +50,21 @@ TORCH_SUBMODULES = ("torch.nn.functional.", "torch.linalg.", "torch.fft.", "torc
 BINOPS = {ast.Add: "torch.add", ast.Sub: "torch.sub", ast.Mult: "torch.mul", ast.Div: "torch.div"}
 SCALAR_ANNOTATIONS = {"int", "float", "bool", "str"}
 # Tensor methods whose result is no tensor: arithmetic on it is shape bookkeeping.
-NON_TENSOR_RESULTS = {"size", "dim", "numel", "item", "tolist", "stride", "element_size", "data_ptr",
-                      "is_contiguous", "is_floating_point", "get_device", "nelement", "ndimension"}
+NON_TENSOR_RESULTS = {
+    "size",
+    "dim",
+    "numel",
+    "item",
+    "tolist",
+    "stride",
+    "element_size",
+    "data_ptr",
+    "is_contiguous",
+    "is_floating_point",
+    "get_device",
+    "nelement",
+    "ndimension",
+}
 TENSOR_ATTRIBUTES = {"T", "mT", "H", "mH", "real", "imag", "data", "grad"}
 BUILTIN_METHODS = frozenset(n for t in (str, list, dict, tuple, set, int, float) for n in dir(t))
 
@@ -97,8 +110,14 @@ def mine(sources: Iterable[CorpusSource], show_progress: bool = False) -> Mining
     pairs: Counter[tuple[str, str]] = Counter()
     result = MiningResult(ApiStats(), files=len(files))
     modules = 0
-    progress = Progress(TextColumn("mining"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        TextColumn("{task.fields[modules]} modules"), disable=not show_progress)
+    progress = Progress(
+        TextColumn("mining"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[modules]} modules"),
+        disable=not show_progress,
+    )
     with progress:
         bar = progress.add_task("mine", total=len(files), modules=0)
         for path, package in files:
@@ -159,7 +178,7 @@ def _absolute_module(node: ast.ImportFrom, package: str | None) -> str | None:
     return ".".join(base + ([node.module] if node.module else [])) or None
 
 
-@lru_cache(maxsize=None)
+@cache
 def canonical_api(dotted: str) -> str | None:
     """The canonical API name of a dotted path into torch, or None when it is not an op."""
     parts = dotted.split(".")
@@ -167,13 +186,14 @@ def canonical_api(dotted: str) -> str | None:
         return None
     obj: object = torch
     for part in parts[1:]:
-        obj = getattr(obj, part, None)
-        if obj is None:
+        found = getattr(obj, part, None)
+        if found is None:
             return None
-    if inspect.isclass(obj):
+        obj = found
+    if isinstance(obj, type):
         if not issubclass(obj, torch.nn.Module) or getattr(torch.nn, obj.__name__, None) is not obj:
             return None
-        name = f"torch.nn.{obj.__name__}"
+        name = f"torch.nn.{getattr(obj, '__name__', '')}"
         return None if name in NOT_APIS else name
     if not callable(obj) or inspect.ismodule(obj):
         return None
@@ -185,7 +205,7 @@ def canonical_api(dotted: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def is_tensor_method(name: str) -> bool:
     return not name.startswith("_") and callable(getattr(torch.Tensor, name, None))
 
@@ -242,8 +262,13 @@ class _ForwardScan:
                 self.tensor_attrs.add(attr)
             return
         if api in CONTAINERS:
-            inner = {a for n in ast.walk(value) if isinstance(n, ast.Call) and n is not value
-                     for a in [self._api_of(n.func)] if a and a.startswith("torch.nn.") and a[9:10].isupper()}
+            inner = {
+                a
+                for n in ast.walk(value)
+                if isinstance(n, ast.Call) and n is not value
+                for a in [self._api_of(n.func)]
+                if a and a.startswith("torch.nn.") and a[9:10].isupper()
+            }
             self.layers.setdefault(attr, set()).update(inner - CONTAINERS)
             self.containers.add(attr)
         elif api.startswith("torch.nn.") and api[9:10].isupper() or not isinstance(value, ast.Call):
@@ -277,14 +302,19 @@ class _ForwardScan:
     def _tensor_names(self, method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
         """Names that hold tensors: unannotated-or-tensor arguments and what tensor expressions assign."""
         args = method.args
-        tensors = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]
-                   if a.arg != "self" and not _scalar_annotation(a.annotation)}
-        assignments = [n for n in ast.walk(method) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value is not None]
+        tensors = {
+            a.arg
+            for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            if a.arg != "self" and not _scalar_annotation(a.annotation)
+        }
+        assignments = [
+            n for n in ast.walk(method) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value is not None
+        ]
         changed = True
         while changed:  # a fixpoint: assignments may appear in any order in the walk
             changed = False
             for node in assignments:
-                if not self._is_tensor(node.value, tensors):  # type: ignore[arg-type]
+                if node.value is None or not self._is_tensor(node.value, tensors):
                     continue
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
@@ -306,8 +336,13 @@ class _ForwardScan:
             if attr in self.layers or self._api_of(node.func) is not None:
                 return True
             func = node.func
-            return (isinstance(func, ast.Attribute) and attr is None and func.attr not in NON_TENSOR_RESULTS
-                    and is_tensor_method(func.attr) and self._is_tensor(func.value, tensors))
+            return (
+                isinstance(func, ast.Attribute)
+                and attr is None
+                and func.attr not in NON_TENSOR_RESULTS
+                and is_tensor_method(func.attr)
+                and self._is_tensor(func.value, tensors)
+            )
         if isinstance(node, ast.Subscript):
             return self._is_tensor(node.value, tensors)
         if isinstance(node, ast.BinOp):
@@ -353,8 +388,14 @@ def save_stats(name: str, result: MiningResult, sources: Iterable[CorpusSource])
         session.execute(delete(ApiUsage).where(ApiUsage.corpus == name))
         session.execute(delete(ApiCorpus).where(ApiCorpus.name == name))
         session.flush()
-        session.add(ApiCorpus(name=name, sources=[f"{s.directory}/{s.pattern}" for s in sources],
-                              files=result.files, modules=result.stats.modules))
+        session.add(
+            ApiCorpus(
+                name=name,
+                sources=[f"{s.directory}/{s.pattern}" for s in sources],
+                files=result.files,
+                modules=result.stats.modules,
+            )
+        )
         session.flush()
         session.add_all(ApiUsage(corpus=name, api=api, count=count) for api, count in result.stats.usage.items())
         session.add_all(ApiPair(corpus=name, api_a=a, api_b=b, count=count) for (a, b), count in result.stats.pairs.items())
@@ -369,8 +410,3 @@ def load_stats(name: str = DEFAULT_CORPUS) -> ApiStats | None:
         usage = {u.api: u.count for u in session.scalars(select(ApiUsage).where(ApiUsage.corpus == name))}
         pairs = {(p.api_a, p.api_b): p.count for p in session.scalars(select(ApiPair).where(ApiPair.corpus == name))}
         return ApiStats(modules=corpus.modules, usage=usage, pairs=pairs)
-
-
-def list_corpora() -> list[ApiCorpus]:
-    with session_scope() as session:
-        return list(session.scalars(select(ApiCorpus).order_by(ApiCorpus.name)))

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 
-from services.auth import require_api_key
-from services.queue.jobs import wait_until_done
-from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage, TaskStatus
 from proposer_svc import service
+from services.api.waiting import job_after_wait
+from services.auth import require_api_key
+from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage, TaskStatus
 
 router = APIRouter(tags=["proposer"], dependencies=[Depends(require_api_key)])
 
 
-@router.post("/tasks/propose", response_model=ProposeResponse, status_code=202, responses={200: {"model": ProposeResponse}})
+@router.post("/tasks/propose", response_model=ProposeResponse, responses={202: {"model": ProposeResponse}})
 def propose(request: ProposeRequest, response: Response) -> ProposeResponse:
     """Queue a proposal round. Waits up to ``wait_s`` for its summary (200), else answers 202 with the job id."""
     try:
         submitted = service.submit_propose(request)
     except service.ComposerUnavailable as exc:
         raise HTTPException(400, str(exc)) from None
-    job = wait_until_done(submitted.id, request.wait_s)
-    if job.status in ("succeeded", "failed"):
-        response.status_code = 200
+    job = job_after_wait(submitted.id, request.wait_s, response)
     result = ProposeSummary.model_validate(job.result) if job.result else None
     return ProposeResponse(job_id=job.id, job_status=job.status, result=result, error=job.error)
 

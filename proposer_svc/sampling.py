@@ -16,8 +16,15 @@ from random import Random
 from proposer_svc.stats import ApiStats
 
 
-def sample_api_set(stats: ApiStats, catalog: Collection[str], size: int, rng: Random, temperature: float = 1.0,
-                   failure_rates: Mapping[str, float] | None = None, failure_bias: float = 0.0) -> list[str]:
+def sample_api_set(
+    stats: ApiStats,
+    catalog: Collection[str],
+    size: int,
+    rng: Random,
+    temperature: float = 1.0,
+    failure_rates: Mapping[str, float] | None = None,
+    failure_bias: float = 0.0,
+) -> list[str]:
     """``size`` distinct catalog APIs (fewer if the catalog is smaller), the seed first."""
     if temperature <= 0:
         raise ValueError("temperature must be positive")

@@ -26,28 +26,41 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from services.config import Settings, get_settings
-from services.db.models import Job, Task
-from services.db.session import session_scope
-from services.db.tasks import source_sha256
-from services.queue.jobs import submit_job
-from services.queue.names import PROPOSAL
-from services.schemas.proposer import (
-    ComposerName, FrontierOut, FrontierTaskOut, ProposalOut, ProposeRequest, ProposeSummary, TaskOut, TaskPage,
-)
 from proposer_svc.catalog import CATALOG
-from proposer_svc.compose.base import Composer, CompositionDeclined, ProposalHints, ProposedModule
+from proposer_svc.compose.base import Composer, ProposalHints, ProposedModule
 from proposer_svc.frontier import (
-    POOL_STATUSES, FrontierConfig, api_failure_rates, pass_rate_histogram, select_frontier, task_pass_rates,
+    POOL_STATUSES,
+    FrontierConfig,
+    api_failure_rates,
+    pass_rate_histogram,
+    select_frontier,
+    task_pass_rates,
 )
 from proposer_svc.mining import DEFAULT_CORPUS, MiningResult, default_corpus, directory_corpus, load_stats, mine, save_stats
 from proposer_svc.sampling import sample_api_set
 from proposer_svc.stats import ApiStats
-from proposer_svc.validate import ValidationOptions, ValidationResult, Validator, source_hash as normalised_hash
+from proposer_svc.validate import ValidationOptions, ValidationResult, Validator
+from proposer_svc.validate import source_hash as normalised_hash
+from services.config import Settings, get_settings
+from services.db.models import Job, Task
+from services.db.session import session_scope
+from services.db.tasks import source_sha256
+from services.outcomes import Declined
+from services.queue.jobs import submit_job
+from services.queue.names import PROPOSAL, PROPOSE_TASK
+from services.schemas.proposer import (
+    ComposerName,
+    FrontierOut,
+    FrontierTaskOut,
+    ProposalOut,
+    ProposeRequest,
+    ProposeSummary,
+    TaskOut,
+    TaskPage,
+)
 
 log = structlog.get_logger(__name__)
 
-PROPOSE_TASK = "proposer.propose"
 COMPOSE_ATTEMPTS = 5  # fresh API sets tried before a slot counts as declined
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -61,8 +74,15 @@ def mine_corpus(name: str = DEFAULT_CORPUS, directories: Iterable[Path] = (), sh
     sources = directory_corpus(dirs) if dirs else default_corpus()
     result = mine(sources, show_progress=show_progress)
     save_stats(name, result, sources)
-    log.info("proposer.mined", corpus=name, files=result.files, modules=result.stats.modules,
-             apis=len(result.stats.usage), pairs=len(result.stats.pairs), skipped=len(result.skipped))
+    log.info(
+        "proposer.mined",
+        corpus=name,
+        files=result.files,
+        modules=result.stats.modules,
+        apis=len(result.stats.usage),
+        pairs=len(result.stats.pairs),
+        skipped=len(result.skipped),
+    )
     return result
 
 
@@ -102,14 +122,22 @@ def build_composer(name: ComposerName, settings: Settings) -> Composer:
         from proposer_svc.compose.programmatic import ProgrammaticComposer
 
         return ProgrammaticComposer()
-    from coder_svc.generators import build_chat_model
     from proposer_svc.compose.llm import LLMComposer
+    from services.llm.factory import build_chat_model
 
-    return LLMComposer(build_chat_model(settings.coder_model_backend, settings))  # type: ignore[arg-type]
+    backend = settings.coder_model_backend
+    assert backend != "template", "check_composer refused the llm composer without a model"
+    return LLMComposer(build_chat_model(backend, settings))
 
 
-def compose_modules(composer: Composer, stats: ApiStats, request: ProposeRequest, settings: Settings, rng: random.Random,
-                    on_progress: Progress | None = None) -> tuple[list[ProposedModule], list[ProposalOut]]:
+def compose_modules(
+    composer: Composer,
+    stats: ApiStats,
+    request: ProposeRequest,
+    settings: Settings,
+    rng: random.Random,
+    on_progress: Progress | None = None,
+) -> tuple[list[ProposedModule], list[ProposalOut]]:
     """``count`` modules from sampled API sets; slots whose API sets the composer kept declining."""
     failure_rates = api_failure_rates(task_pass_rates()) if settings.proposer_failure_bias > 0 else None
     size = request.api_set_size or settings.proposer_api_set_size
@@ -119,15 +147,26 @@ def compose_modules(composer: Composer, stats: ApiStats, request: ProposeRequest
     for i in range(request.count):
         reason, api_set = "", []
         for _ in range(COMPOSE_ATTEMPTS):
-            api_set = sample_api_set(stats, CATALOG, size, rng, temperature=settings.proposer_sample_temperature,
-                                     failure_rates=failure_rates, failure_bias=settings.proposer_failure_bias)
+            api_set = sample_api_set(
+                stats,
+                CATALOG,
+                size,
+                rng,
+                temperature=settings.proposer_sample_temperature,
+                failure_rates=failure_rates,
+                failure_bias=settings.proposer_failure_bias,
+            )
             try:
                 modules.append(composer.compose(api_set, replace(hints, seed=rng.randrange(2**31))))
                 break
-            except CompositionDeclined as exc:
+            except Declined as exc:
                 reason = str(exc)
         else:
-            declined.append(ProposalOut(status="declined", reason=f"composer declined {COMPOSE_ATTEMPTS} API sets; last: {reason}", api_set=api_set))
+            declined.append(
+                ProposalOut(
+                    status="declined", reason=f"composer declined {COMPOSE_ATTEMPTS} API sets; last: {reason}", api_set=api_set
+                )
+            )
         if on_progress:
             on_progress("compose", i + 1, request.count)
     return modules, declined
@@ -153,23 +192,36 @@ def known_hashes() -> set[str]:
 
 def store_task(module: ProposedModule, verdict: ValidationResult, request: ProposeRequest) -> ProposalOut:
     details: dict[str, Any] = {
-        **module.details, "normalised_hash": verdict.source_hash, "rule": verdict.rule, "device": verdict.device,
-        "validation": verdict.details, "hints": {"difficulty": request.difficulty, "max_ops": request.max_ops},
+        **module.details,
+        "normalised_hash": verdict.source_hash,
+        "rule": verdict.rule,
+        "device": verdict.device,
+        "validation": verdict.details,
+        "hints": {"difficulty": request.difficulty, "max_ops": request.max_ops},
     }
     details["origin"] = module.origin  # in full: the column keeps 50 characters
-    task = Task(source=module.source, source_hash=source_sha256(module.source), origin=module.origin[:50], api_set=module.api_set,
-                input_shapes=module.input_shapes or verdict.details.get("input_shapes"), status="valid" if verdict.valid else "rejected", reason=verdict.reason,
-                graph_hash=verdict.graph_hash, details=details)
+    task = Task(
+        source=module.source,
+        source_hash=source_sha256(module.source),
+        origin=module.origin[:50],
+        api_set=module.api_set,
+        input_shapes=module.input_shapes or verdict.details.get("input_shapes"),
+        status="valid" if verdict.valid else "rejected",
+        reason=verdict.reason,
+        graph_hash=verdict.graph_hash,
+        details=details,
+    )
     try:
         with session_scope() as session:
             session.add(task)
     except IntegrityError:  # a concurrent round stored the same source first
         return ProposalOut(status="exists", reason="this exact source is already a task", api_set=module.api_set)
-    return ProposalOut(task_id=task.id, status=task.status, reason=verdict.reason, rule=verdict.rule, api_set=module.api_set)  # type: ignore[arg-type]
+    return ProposalOut(task_id=task.id, status=task.status, reason=verdict.reason, rule=verdict.rule, api_set=module.api_set)
 
 
-def propose(request: ProposeRequest, settings: Settings | None = None, parallel: int = 1,
-            on_progress: Progress | None = None) -> ProposeSummary:
+def propose(
+    request: ProposeRequest, settings: Settings | None = None, parallel: int = 1, on_progress: Progress | None = None
+) -> ProposeSummary:
     """One proposal round: sample, compose, validate in the sandbox, store every outcome."""
     settings = settings or get_settings()
     started = time.monotonic()
@@ -208,11 +260,17 @@ def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str
     statuses = Counter(p.status for p in proposals)
     valid_sets = [sorted(set(p.api_set)) for p in proposals if p.status == "valid"]
     return ProposeSummary(
-        requested=request.count, valid=statuses["valid"], rejected=statuses["rejected"], declined=statuses["declined"],
-        exists=statuses["exists"], reasons=dict(Counter(p.rule or "unknown" for p in proposals if p.status == "rejected")),
+        requested=request.count,
+        valid=statuses["valid"],
+        rejected=statuses["rejected"],
+        declined=statuses["declined"],
+        exists=statuses["exists"],
+        reasons=dict(Counter(p.rule or "unknown" for p in proposals if p.status == "rejected")),
         apis_covered=len({a for s in valid_sets for a in s}),
         pairs_covered=len({pair for s in valid_sets for pair in combinations(s, 2)}),
-        corpus=corpus, seconds=round(seconds, 3), proposals=proposals,
+        corpus=corpus,
+        seconds=round(seconds, 3),
+        proposals=proposals,
     )
 
 
@@ -263,8 +321,24 @@ def frontier(count: int = 20, bins: int = 10, settings: Settings | None = None) 
     rates = task_pass_rates()
     edges, counts = pass_rate_histogram(rates, bins, config.min_attempts)
     api_sets = {r.task_id: list(r.api_set) for r in rates}
-    tasks = [FrontierTaskOut(task_id=t.task_id, pass_rate=t.pass_rate, attempts=t.attempts, reward=t.reward,
-                             explored=t.explored, api_set=api_sets[t.task_id] or None)
-             for t in select_frontier(rates, count, config)]
-    return FrontierOut(shape=config.shape, width=config.width, min_attempts=config.min_attempts, pool_tasks=len(rates),
-                       scored_tasks=sum(counts), bin_edges=edges, histogram=counts, tasks=tasks)
+    tasks = [
+        FrontierTaskOut(
+            task_id=t.task_id,
+            pass_rate=t.pass_rate,
+            attempts=t.attempts,
+            reward=t.reward,
+            explored=t.explored,
+            api_set=api_sets[t.task_id] or None,
+        )
+        for t in select_frontier(rates, count, config)
+    ]
+    return FrontierOut(
+        shape=config.shape,
+        width=config.width,
+        min_attempts=config.min_attempts,
+        pool_tasks=len(rates),
+        scored_tasks=sum(counts),
+        bin_edges=edges,
+        histogram=counts,
+        tasks=tasks,
+    )

@@ -24,13 +24,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from reward_svc import check_tree
 from services.config import Settings, get_settings
-from reward_svc.policy import check_tree
 
 CHILD_ENTRY = "proposer_svc.validation_child"
 RULES = (
-    "structure", "load_error", "runtime_error", "timeout", "output_type", "nan_inf", "near_constant", "nondeterministic",
-    "seed_invariant", "input_unused", "parameters_unused", "too_fast", "too_slow", "duplicate",
+    "structure",
+    "load_error",
+    "runtime_error",
+    "timeout",
+    "output_type",
+    "nan_inf",
+    "near_constant",
+    "nondeterministic",
+    "seed_invariant",
+    "input_unused",
+    "parameters_unused",
+    "too_fast",
+    "too_slow",
+    "duplicate",
 )
 
 
@@ -163,7 +175,12 @@ class _Canonical(ast.NodeTransformer):
 
 
 def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         return body[1:] or [ast.Pass()]
     return body
 
@@ -180,14 +197,18 @@ def normalise_source(tree: ast.Module) -> str:
             module_names |= {a.asname for a in node.names if a.asname}
         else:
             module_names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name) and node.value.id == "self"):
-            attributes.add(node.attr)
+    attributes |= {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
     module_names -= _FIXED_NAMES | set(dir(builtins))
-    tree = _Canonical(module_names, attributes).visit(copy.deepcopy(tree))  # the caller's tree stays as it was
-    tree.body = _without_docstring(tree.body)
-    return ast.unparse(ast.fix_missing_locations(tree))
+    canonical = _Canonical(module_names, attributes).visit(copy.deepcopy(tree))  # the caller's tree stays as it was
+    canonical.body = _without_docstring(canonical.body)
+    return ast.unparse(ast.fix_missing_locations(canonical))
 
 
 def finite(value: Any) -> Any:
@@ -232,9 +253,10 @@ def check_static(source: str) -> ValidationResult | str:
 class Validator:
     """Validates modules in sandboxed children; keeps children warm while a batch runs."""
 
-    def __init__(self, options: ValidationOptions | None = None, settings: Settings | None = None,
-                 warm_children: int | None = None) -> None:
-        from reward_svc.evaluate import resolve_device
+    def __init__(
+        self, options: ValidationOptions | None = None, settings: Settings | None = None, warm_children: int | None = None
+    ) -> None:
+        from services.children.device import resolve_device
         from services.children.layout import Layout
         from services.children.pool import ChildPool
 
@@ -244,8 +266,9 @@ class Validator:
         timeout = self.options.timeout_s or self.settings.proposer_validation_timeout_s
         warm = self.settings.proposer_validation_warm_children if warm_children is None else warm_children
         # The reward service's device locks: validation runs never overlap a kernel being timed.
-        self.layout = Layout(self.settings.data_dir / "proposer" / "validation",
-                             shared_locks=Layout(self.settings.data_dir / "reward").locks).create()
+        self.layout = Layout(
+            self.settings.data_dir / "proposer" / "validation", shared_locks=Layout(self.settings.data_dir / "reward").locks
+        ).create()
         self.pool = ChildPool(self.settings, self.layout, self.device, timeout, warm, entry=CHILD_ENTRY)
 
     def __enter__(self) -> Validator:
@@ -264,11 +287,15 @@ class Validator:
     def spec(self) -> dict[str, Any]:
         o = self.options
         return {
-            "min_ms": self._bound(o.min_ms, "min"), "max_ms": self._bound(o.max_ms, "max"),
-            "near_constant_rtol": o.near_constant_rtol, "change_rtol": o.change_rtol,
-            "nondeterminism_rtol": o.nondeterminism_rtol, "timed_runs": o.timed_runs,
+            "min_ms": self._bound(o.min_ms, "min"),
+            "max_ms": self._bound(o.max_ms, "max"),
+            "near_constant_rtol": o.near_constant_rtol,
+            "change_rtol": o.change_rtol,
+            "nondeterminism_rtol": o.nondeterminism_rtol,
+            "timed_runs": o.timed_runs,
             "gpu_timing_budget_s": o.gpu_timing_budget_s,
-            "input_seeds": list(o.input_seeds), "weight_seeds": list(o.weight_seeds),
+            "input_seeds": list(o.input_seeds),
+            "weight_seeds": list(o.weight_seeds),
         }
 
     def dynamic(self, source: str, digest: str) -> ValidationResult:
@@ -284,19 +311,37 @@ class Validator:
             stderr = outcome.stderr.decode(errors="replace").strip().splitlines()[-3:]
             details = {"stderr_tail": "\n".join(stderr)[-1500:], "isolation": outcome.isolation}
             if outcome.timed_out:
-                return ValidationResult(valid=False, rule="timeout", details=details, **common,
-                                        reason=f"validation ran past the {self.pool.timeout_s:g} s limit and was killed")
-            return ValidationResult(valid=False, rule="runtime_error", details=details, **common,
-                                    reason=f"the module's process ended without a result: {outcome.describe()}")
+                return ValidationResult(
+                    valid=False,
+                    rule="timeout",
+                    details=details,
+                    **common,
+                    reason=f"validation ran past the {self.pool.timeout_s:g} s limit and was killed",
+                )
+            return ValidationResult(
+                valid=False,
+                rule="runtime_error",
+                details=details,
+                **common,
+                reason=f"the module's process ended without a result: {outcome.describe()}",
+            )
         try:
             fields = {k: v for k, v in result.items() if k in ("valid", "reason", "rule", "graph_hash", "details")}
             verdict = ValidationResult(**fields, **common)
         except (TypeError, ValueError) as exc:
-            return ValidationResult(valid=False, rule="runtime_error", **common,
-                                    reason=f"the module's process returned a malformed result ({type(exc).__name__})")
+            return ValidationResult(
+                valid=False,
+                rule="runtime_error",
+                **common,
+                reason=f"the module's process returned a malformed result ({type(exc).__name__})",
+            )
         if verdict.valid and not verdict.graph_hash:  # the checks always hash the graph they ran: a forged verdict
-            return ValidationResult(valid=False, rule="runtime_error", **common,
-                                    reason="the module's process returned a verdict the checks did not write")
+            return ValidationResult(
+                valid=False,
+                rule="runtime_error",
+                **common,
+                reason="the module's process returned a verdict the checks did not write",
+            )
         verdict.details = finite(verdict.details)
         verdict.details["isolation"] = outcome.isolation
         return verdict
@@ -305,8 +350,13 @@ class Validator:
         verdict = check_static(source)
         return verdict if isinstance(verdict, ValidationResult) else self.dynamic(source, verdict)
 
-    def validate_many(self, sources: Sequence[str], known_hashes: Iterable[str] = (), parallel: int = 1,
-                      on_result: Callable[[int, ValidationResult], None] | None = None) -> list[ValidationResult]:
+    def validate_many(
+        self,
+        sources: Sequence[str],
+        known_hashes: Iterable[str] = (),
+        parallel: int = 1,
+        on_result: Callable[[int, ValidationResult], None] | None = None,
+    ) -> list[ValidationResult]:
         """One verdict per source, in order. A module whose normalised source or graph equals a
         known hash or an earlier valid module of the batch is a duplicate; source duplicates are
         caught before any child runs."""
@@ -345,13 +395,18 @@ class Validator:
                 # depend on which child finished first.
                 while waiting is not None and waiting in done:
                     j, v = waiting, done.pop(waiting)
-                    if v.valid and v.graph_hash:
-                        if v.graph_hash in known:
+                    graph = v.graph_hash
+                    if v.valid and graph:
+                        if graph in known:
                             v = _duplicate(v.source_hash, "a known task computes the same op graph", v)
-                        elif v.graph_hash in first_graph:
-                            v = _duplicate(v.source_hash, f"computes the same op graph as module #{first_graph[v.graph_hash]} of this batch", v)
+                        elif graph in first_graph:
+                            v = _duplicate(
+                                v.source_hash,
+                                f"computes the same op graph as module #{first_graph[graph]} of this batch",
+                                v,
+                            )
                         else:
-                            first_graph[v.graph_hash] = j
+                            first_graph[graph] = j
                     results[j] = v
                     if on_result:
                         on_result(j, v)
@@ -363,9 +418,8 @@ class Validator:
 
 
 def _duplicate(digest: str | None, why: str, ran: ValidationResult | None = None) -> ValidationResult:
-    base = ran.model_dump() if ran else {"source_hash": digest}
-    base.update(valid=False, rule="duplicate", reason=f"duplicate: {why}")
-    return ValidationResult(**base)
+    base: dict[str, Any] = ran.model_dump() if ran else {"source_hash": digest}
+    return ValidationResult(**{**base, "valid": False, "rule": "duplicate", "reason": f"duplicate: {why}"})
 
 
 def validate_module(source: str, options: ValidationOptions | None = None, settings: Settings | None = None) -> ValidationResult:
@@ -373,8 +427,13 @@ def validate_module(source: str, options: ValidationOptions | None = None, setti
         return validator.validate(source)
 
 
-def validate_modules(sources: Sequence[str], options: ValidationOptions | None = None, known_hashes: Iterable[str] = (),
-                     settings: Settings | None = None, parallel: int = 1,
-                     on_result: Callable[[int, ValidationResult], None] | None = None) -> list[ValidationResult]:
+def validate_modules(
+    sources: Sequence[str],
+    options: ValidationOptions | None = None,
+    known_hashes: Iterable[str] = (),
+    settings: Settings | None = None,
+    parallel: int = 1,
+    on_result: Callable[[int, ValidationResult], None] | None = None,
+) -> list[ValidationResult]:
     with Validator(options, settings) as validator:
         return validator.validate_many(sources, known_hashes, parallel, on_result)

@@ -23,16 +23,11 @@ import torch
 
 from services.children import tensors
 from services.children.device import gpu_lock
+from services.children.entry import serve
 from services.children.loading import import_file
 from services.children.models import build_model, make_init_inputs
 from services.children.ops import OpRecorder
-from services.children.entry import serve
-
-
-class Rejected(Exception):
-    def __init__(self, rule: str, reason: str) -> None:
-        super().__init__(reason)
-        self.rule, self.reason = rule, reason
+from services.outcomes import Rejected
 
 
 class GraphRecorder(OpRecorder):
@@ -44,7 +39,7 @@ class GraphRecorder(OpRecorder):
         self.digest = hashlib.sha256()
         self.ops = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         signature = [(tuple(t.shape), str(t.dtype)) for t in tensors.tensors_in((args, kwargs or {}))]
         self.digest.update(f"{func}{signature};".encode())
         self.ops += 1
@@ -77,12 +72,16 @@ _CHUNK = 1 << 22
 
 def _chunks(t: torch.Tensor) -> list[torch.Tensor]:
     flat = t.reshape(-1)
-    return [flat[i:i + _CHUNK] for i in range(0, flat.numel(), _CHUNK)]
+    return [flat[i : i + _CHUNK] for i in range(0, flat.numel(), _CHUNK)]
 
 
 def _scale(outputs: list[torch.Tensor]) -> float:
-    values = [max(abs(float(lo)), abs(float(hi))) for t in outputs if t.numel() and t.is_floating_point()
-              for lo, hi in [torch.aminmax(t)]]
+    values = [
+        max(abs(float(lo)), abs(float(hi)))
+        for t in outputs
+        if t.numel() and t.is_floating_point()
+        for lo, hi in [torch.aminmax(t)]
+    ]
     return max(values, default=0.0)
 
 
@@ -242,7 +241,9 @@ class Checker:
         change = relative_change(out, self.forward(model, other, "in forward (inputs of another seed)"))
         d["seed_change"] = change
         if change <= threshold:
-            raise Rejected("seed_invariant", f"the output is the same for inputs drawn with different seeds (change {change:.2e})")
+            raise Rejected(
+                "seed_invariant", f"the output is the same for inputs drawn with different seeds (change {change:.2e})"
+            )
 
         tensor_slots = [i for i, t in enumerate(base) if isinstance(t, torch.Tensor)]
         if len(tensor_slots) > 1:  # with one input the seed check above already covered it
@@ -254,21 +255,25 @@ class Checker:
                 changed_inputs[i] = replacement
                 change = relative_change(out, self.forward(model, changed_inputs, f"in forward (input {i} changed)"))
                 if change <= threshold:
-                    raise Rejected("input_unused", f"the output does not change when input {i} "
-                                                   f"(shape {d['input_shapes'][i]}) changes (change {change:.2e})")
+                    raise Rejected(
+                        "input_unused",
+                        f"the output does not change when input {i} (shape {d['input_shapes'][i]}) changes (change {change:.2e})",
+                    )
 
         if d["parameters"]:
             other_model = self.model(module, weight_b)
             with torch.no_grad():
-                for (name, p), q in zip(model.named_parameters(), other_model.parameters()):
+                for p, q in zip(model.parameters(), other_model.parameters()):
                     fresh = _perturbed(p, q, weight_b) if p.shape == q.shape else None
                     if fresh is not None and fresh is not q:
                         q.copy_(fresh)  # deterministic initialisers (norm weights, zero biases) get noise
             change = relative_change(out, self.forward(other_model, base, "in forward (re-initialised parameters)"))
             d["parameter_change"] = change
             if change <= threshold:
-                raise Rejected("parameters_unused", f"the output does not change when the {d['parameters']} parameters "
-                                                    f"are re-initialised (change {change:.2e})")
+                raise Rejected(
+                    "parameters_unused",
+                    f"the output does not change when the {d['parameters']} parameters are re-initialised (change {change:.2e})",
+                )
             del other_model
         return model, base
 

@@ -25,10 +25,25 @@ from services.children.files import publish_dir
 from services.db.tasks import source_sha256
 
 PROTECTED = frozenset({"triton-base", ".inbox"})
-ARTEFACT_SUFFIXES = frozenset({
-    ".so", ".o", ".json", ".cpp", ".cu", ".h", ".cuh",  # reward_svc/compile.py: the library, its units, meta.json
-    ".cubin", ".ptx", ".ttir", ".ttgir", ".llir", ".source", ".hsaco", ".amdgcn",  # Triton's cache entries
-})
+ARTEFACT_SUFFIXES = frozenset(
+    {
+        ".so",
+        ".o",
+        ".json",
+        ".cpp",
+        ".cu",
+        ".h",
+        ".cuh",  # reward_svc/compile.py: the library, its units, meta.json
+        ".cubin",
+        ".ptx",
+        ".ttir",
+        ".ttgir",
+        ".llir",
+        ".source",
+        ".hsaco",
+        ".amdgcn",  # Triton's cache entries
+    }
+)
 MAX_ARTEFACT_BYTES = 256 << 20
 MAX_BUILD_BYTES = 512 << 20
 MAX_DEPTH = 4

@@ -94,8 +94,7 @@ BINDINGS_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
 # Declarations that torch's headers need from the CUDA math libraries, for a compile-only
 # machine whose toolkit lacks them. Calls into those libraries still fail (ToolchainUnavailable).
 _CUDA_LIBRARY_STUBS = {
-    "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\n"
-    "typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n",
+    "cublas_v2.h": "typedef struct cublasContext* cublasHandle_t;\ntypedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n",
     "cublasLt.h": "#include <cublas_v2.h>\ntypedef struct cublasLtContext* cublasLtHandle_t;\n",
     "cusparse.h": "typedef struct cusparseContext* cusparseHandle_t;\n"
     "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n"
@@ -231,12 +230,22 @@ def install_fast_load_inline(cache_dir: Path, *, compile_only: bool = False, arc
             call = {k: v for k, v in locals().items() if k != "newer"}
             return original(**_original_kwargs(original, call), **newer)
         request = make_request(
-            name, cpp_sources, cuda_sources, functions, extra_cflags, extra_cuda_cflags, extra_ldflags,
-            extra_include_paths, with_cuda, is_python_module, with_pytorch_error_handling, no_implicit_headers,
+            name,
+            cpp_sources,
+            cuda_sources,
+            functions,
+            extra_cflags,
+            extra_cuda_cflags,
+            extra_ldflags,
+            extra_include_paths,
+            with_cuda,
+            is_python_module,
+            with_pytorch_error_handling,
+            no_implicit_headers,
         )
         return builder.load(request)
 
-    load_inline._kz_original = original  # type: ignore[attr-defined]
+    load_inline._kz_original = original  # type: ignore[attr-defined]  # the one attribute our wrapper adds to torch's function
     cpp_extension.load_inline = load_inline
     return builder.log
 
@@ -345,7 +354,9 @@ class Builder:
                 meta = self._build_and_publish(request, key, plan or choose_plan(request, self.toolchain))
             except ToolchainUnavailable as unavailable:
                 seconds = round(time.perf_counter() - start, 4)
-                self.log.entries.append(CompileEntry(request.name, key, False, seconds, "toolchain unavailable", False, _tail(str(unavailable))))
+                self.log.entries.append(
+                    CompileEntry(request.name, key, False, seconds, "toolchain unavailable", False, _tail(str(unavailable)))
+                )
                 raise
         entry = CompileEntry(
             name=request.name,
@@ -497,7 +508,7 @@ def _nvcc(cuda_home: str | None) -> str | None:
     return shutil.which("nvcc")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version_line(cmd: tuple[str, ...], *, first: bool) -> str:
     """gcc names itself on its first line, nvcc its build on its last."""
     try:
@@ -674,7 +685,7 @@ def _common_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
     system.append(toolchain.python_include)
     if toolchain.stub_include:
         system.append(toolchain.stub_include)
-    abi = getattr(cpp_extension, "_get_pybind11_abi_build_flags", lambda: [])()
+    abi: list[str] = getattr(cpp_extension, "_get_pybind11_abi_build_flags", lambda: [])()
     flags = [f"-DTORCH_EXTENSION_NAME={request.name}", "-DTORCH_API_INCLUDE_EXTENSION_H", *abi, *toolchain.extra_defines]
     flags += [f"-I{p}" for p in request.extra_include_paths]
     for path in system:
@@ -707,7 +718,9 @@ def build(request: InlineRequest, toolchain: Toolchain, plan: Plan, work: Path, 
     if request.cuda_sources:
         ladders["cu"] = (plan.cuda_tiers, True)
     with ThreadPoolExecutor(max_workers=len(ladders) if plan.parallel else 1) as pool:
-        futures = {u: pool.submit(compile_ladder, request, toolchain, tiers, work, cuda=cuda) for u, (tiers, cuda) in ladders.items()}
+        futures = {
+            u: pool.submit(compile_ladder, request, toolchain, tiers, work, cuda=cuda) for u, (tiers, cuda) in ladders.items()
+        }
         results = {u: f.result() for u, f in futures.items()}
     strategy = " ".join(f"{u}:{'>'.join(a.describe() for a in r)}" for u, r in results.items())
     strategy += " parallel" if plan.parallel and len(results) > 1 else ""
@@ -743,7 +756,9 @@ class Attempt:
         return f"{self.tier}({self.seconds:.1f}s{'' if self.ok else ' failed'})"
 
 
-def compile_ladder(request: InlineRequest, toolchain: Toolchain, tiers: Sequence[str], work: Path, *, cuda: bool) -> list[Attempt]:
+def compile_ladder(
+    request: InlineRequest, toolchain: Toolchain, tiers: Sequence[str], work: Path, *, cuda: bool
+) -> list[Attempt]:
     """Try each tier in turn; stop at the first that compiles, or when a tier would compile the same text again."""
     attempts: list[Attempt] = []
     compiled: set[str] = set()

@@ -15,38 +15,24 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
 
-from services.config import Settings, get_settings
-from services.sandbox import SandboxResult
 from reward_svc.admission import DeviceUsers, ExchangeBudget
 from reward_svc.build_cache import BuildCache
-from services.children.device import gpu_lock
 from reward_svc.policy import check_source
+from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
 from reward_svc.redact import Redactor
 from reward_svc.triton_layers import HARNESS_CHILD, TritonLayers
+from services.children.device import gpu_lock, resolve_device
 from services.children.layout import Layout
 from services.children.pool import Child, ChildPool, PoolClosed
-from reward_svc.verdict import Verdict
+from services.config import Settings, get_settings
+from services.sandbox import SandboxResult
+from services.schemas.reward import ScoreOptions, Verdict
 
-Backend = Literal["cuda", "triton"]
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
 OUTPUTS_IN_FLIGHT = 1  # a candidate's published output files not yet judged; its harness waits beyond them
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    backend: Backend = "triton"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    trials: int = 3
-    atol: float | None = None
-    rtol: float | None = None
-    timeout_s: float = 180.0
-    measure_speed: bool = True
-    time_compiled: bool = False
-    timing_budget_s: float = 10.0
 
 
 @dataclass
@@ -55,20 +41,7 @@ class Evaluation:
 
     verdicts: list[Verdict]
     device: str
-    reference: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_device(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    return "cuda" if _cuda_available() else "cpu"
-
-
-@lru_cache
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    reference: ReferenceResult = field(default_factory=lambda: ReferenceResult())
 
 
 class Evaluator:
@@ -92,8 +65,15 @@ class Evaluator:
             if self._closed:
                 raise PoolClosed("the evaluator is closed: its process is stopping")
             if key not in self._pools:
-                self._pools[key] = ChildPool(self.settings, self.layout, device, timeout_s, warm_children(self.settings, device),
-                                             HARNESS_CHILD, TritonLayers(self.layout, device))
+                self._pools[key] = ChildPool(
+                    self.settings,
+                    self.layout,
+                    device,
+                    timeout_s,
+                    warm_children(self.settings, device),
+                    HARNESS_CHILD,
+                    TritonLayers(self.layout, device),
+                )
             return self._pools[key]
 
     def close(self) -> None:
@@ -104,14 +84,14 @@ class Evaluator:
         for pool in pools:
             pool.close()
 
-    def evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:
+    def evaluate_group(self, reference: str, candidates: list[str], options: ScoreOptions) -> Evaluation:
         """One verdict per candidate, in order; every verdict bounded and with the platform's secrets
         taken out (redact.py) before it leaves."""
         evaluation = self._evaluate_group(reference, candidates, options)
         evaluation.verdicts = [self.redactor.verdict(v) for v in evaluation.verdicts]
         return evaluation
 
-    def _evaluate_group(self, reference: str, candidates: list[str], options: EvalOptions) -> Evaluation:
+    def _evaluate_group(self, reference: str, candidates: list[str], options: ScoreOptions) -> Evaluation:
         device = resolve_device(options.device)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
@@ -137,7 +117,9 @@ class Evaluator:
             tolerance = Tolerance(options.atol, options.rtol)
 
             def run_one(i: int) -> None:
-                verdict = self._evaluate_candidate(candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance)
+                verdict = self._evaluate_candidate(
+                    candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance
+                )
                 seconds = verdict.details.setdefault("seconds", {})
                 seconds["reference"] = round(reference_s, 3)
                 seconds.setdefault("waiting", {}).update(ref_waits)
@@ -147,8 +129,9 @@ class Evaluator:
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
-    def _run_reference(self, reference: str, device: str, options: EvalOptions,
-                       seeds: dict[str, Any]) -> tuple[Child, SandboxResult, dict[str, Any] | None, float, dict[str, float]]:
+    def _run_reference(
+        self, reference: str, device: str, options: ScoreOptions, seeds: dict[str, Any]
+    ) -> tuple[Child, SandboxResult, ReferenceResult | None, float, dict[str, float]]:
         """The reference child, run again while the scratch filesystem has no room for its files yet,
         or after it ran out of device memory that other children held; (child, outcome, result,
         seconds, waits) of its last run."""
@@ -158,19 +141,30 @@ class Evaluator:
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
             admitted = time.perf_counter()
             ref_child = self.pool(device, options.timeout_s).take()
-            ref_waits = {"reference_admission": round(admitted - started, 3), "reference_child": round(time.perf_counter() - admitted, 3)}
+            ref_waits = {
+                "reference_admission": round(admitted - started, 3),
+                "reference_child": round(time.perf_counter() - admitted, 3),
+            }
             (ref_child.workdir / "reference.py").write_text(reference)
-            ref_spec = {
-                "role": "reference", "reference_path": str(ref_child.workdir / "reference.py"), "device": device,
-                "trials": options.trials, "input_seed": seeds["input"], "weight_seeds": seeds["weights"],
-                "time": options.measure_speed and device == "cuda", "time_compiled": options.time_compiled,
+            ref_spec: ReferenceSpec = {
+                "role": "reference",
+                "reference_path": str(ref_child.workdir / "reference.py"),
+                "device": device,
+                "trials": options.trials,
+                "input_seed": seeds["input"],
+                "weight_seeds": seeds["weights"],
+                "time": options.measure_speed and device == "cuda",
+                "time_compiled": options.time_compiled,
                 "timing_budget_s": options.timing_budget_s,
-                "exchange_max_bytes": self.exchange_max_bytes, "atol": options.atol, "rtol": options.rtol,
+                "exchange_max_bytes": self.exchange_max_bytes,
+                "atol": options.atol,
+                "rtol": options.rtol,
                 "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
             }
             started = time.perf_counter()
             with self.device_users.use() as seen:
-                outcome, ref_result = ref_child.run(ref_spec)
+                outcome, answer = ref_child.run(ref_spec)
+            ref_result = cast(ReferenceResult | None, answer)
             reference_s = time.perf_counter() - started
             # a child the OOM killer ended is short of memory like one that ran out of device memory
             status = ref_result.get("status") if ref_result else ("out_of_memory" if outcome.killed_for_memory else None)
@@ -187,8 +181,17 @@ class Evaluator:
             if not wait():  # nothing of ours will free what it lacks: its own reason becomes the group's verdict
                 return ref_child, outcome, ref_result, reference_s, ref_waits
 
-    def _evaluate_candidate(self, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
-                            ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
+    def _evaluate_candidate(
+        self,
+        source: str,
+        device: str,
+        options: ScoreOptions,
+        seeds: dict[str, Any],
+        exchange: Path,
+        ref_result: ReferenceResult,
+        ref_dir: Path,
+        tolerance: Any,
+    ) -> Verdict:
         cases = ref_result["cases"]
         # the refresh trial (needs two cases), the knockout and, where it is timed, the last timed call
         outputs = cases + (cases > 1) + 1 + (options.measure_speed and device == "cuda")
@@ -202,51 +205,78 @@ class Evaluator:
                 waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
                 with self.device_users.use() as seen:
                     verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
-            if (not verdict.details.get("out_of_memory") or attempt == MEMORY_RETRIES
-                    or not self.device_users.others_finished_since(seen, options.timeout_s)):
+            if (
+                not verdict.details.get("out_of_memory")
+                or attempt == MEMORY_RETRIES
+                or not self.device_users.others_finished_since(seen, options.timeout_s)
+            ):
                 break
         verdict.details.setdefault("seconds", {})["waiting"] = waits
         if attempt:
             verdict.details["memory_retries"] = attempt
         return verdict
 
-    def _run_candidate(self, child: Child, source: str, device: str, options: EvalOptions, seeds: dict[str, Any], exchange: Path,
-                       ref_result: dict[str, Any], ref_dir: Path, tolerance: Any) -> Verdict:
+    def _run_candidate(
+        self,
+        child: Child,
+        source: str,
+        device: str,
+        options: ScoreOptions,
+        seeds: dict[str, Any],
+        exchange: Path,
+        ref_result: ReferenceResult,
+        ref_dir: Path,
+        tolerance: Any,
+    ) -> Verdict:
         from reward_svc.verify import FileComparer, OutputStream, TrialFiles, judge
 
         try:
             cached = self.builds.lookup(source)
             child.receive(exchange=exchange, build=cached)  # its group's inputs and its source's build, read-only
-            build = child.build_inbox if cached else child.workdir / "build"
+            build = child.build_inbox if cached and child.build_inbox else child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             fingerprint_key = secrets.randbits(62)  # the judge's check that each output file is what its trial returned
-            spec = {
-                "role": "candidate", "candidate_path": str(child.workdir / "candidate.py"), "backend": options.backend,
-                "device": device, "trials": ref_result["cases"], "weight_seeds": seeds["weights"], "exchange_dir": str(child.inbox),
-                "compile_cache": str(build), "compile_cache_readonly": cached is not None,
-                "time": options.measure_speed and device == "cuda", "timing_budget_s": options.timing_budget_s,
-                "fingerprint_key": fingerprint_key, "outputs_in_flight": OUTPUTS_IN_FLIGHT,
+            spec: CandidateSpec = {
+                "role": "candidate",
+                "candidate_path": str(child.workdir / "candidate.py"),
+                "backend": options.backend,
+                "device": device,
+                "trials": ref_result["cases"],
+                "weight_seeds": seeds["weights"],
+                "exchange_dir": str(child.inbox),
+                "compile_cache": str(build),
+                "compile_cache_readonly": cached is not None,
+                "time": options.measure_speed and device == "cuda",
+                "timing_budget_s": options.timing_budget_s,
+                "fingerprint_key": fingerprint_key,
+                "outputs_in_flight": OUTPUTS_IN_FLIGHT,
                 "copies_are_work": bool(ref_result.get("copying_ops")),
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"))
             started = time.perf_counter()
             with OutputStream(compare_files, files):
-                outcome, result = child.run(spec)
+                outcome, answer = child.run(spec)
+            result = cast(CandidateResult | None, answer)
             candidate_s = time.perf_counter() - started
             if result is None:
                 details: dict[str, Any] = {"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")}
                 if outcome.killed_for_memory:
                     details["out_of_memory"] = True
-                return Verdict("timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"),
-                               details=details)
+                return Verdict(
+                    "timeout" if outcome.timed_out else "runtime_error", _crash_reason(outcome, "the candidate"), details=details
+                )
             started = time.perf_counter()
             compare_files.expect(result.get("output_fingerprints"))
-            verdict = judge(ref_result, result, files, compare_files, audit=[line for line in child.audit.splitlines() if line.strip()])
+            verdict = judge(
+                ref_result, result, files, compare_files, audit=[line for line in child.audit.splitlines() if line.strip()]
+            )
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
-                verdict.details["trials_cut"] = (f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
-                                                 f"exceed the exchange budget (KZ_REWARD_EXCHANGE_MAX_BYTES) otherwise")
+                verdict.details["trials_cut"] = (
+                    f"{ref_result['cases']} of {options.trials} correctness trials: one trial's tensors "
+                    f"exceed the exchange budget (KZ_REWARD_EXCHANGE_MAX_BYTES) otherwise"
+                )
             _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
             verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}
@@ -281,8 +311,12 @@ def _policy_verdict(source: str) -> Verdict | None:
     if not violations:
         return None
     first = violations[0]
-    return Verdict("rejected", f"{first.guard}: {first.describe()}", guard=first.guard,
-                   details={"violations": [v.describe() for v in violations]})
+    return Verdict(
+        "rejected",
+        f"{first.guard}: {first.describe()}",
+        guard=first.guard,
+        details={"violations": [v.describe() for v in violations]},
+    )
 
 
 def _secret_seeds() -> dict[str, Any]:
@@ -302,6 +336,6 @@ def _crash_reason(outcome: SandboxResult, who: str) -> str:
     return f"{who} exited without a result ({outcome.describe()}): {' | '.join(tail)}"
 
 
-def evaluate(reference: str, candidate: str, options: EvalOptions, evaluator: Evaluator | None = None) -> Verdict:
+def evaluate(reference: str, candidate: str, options: ScoreOptions, evaluator: Evaluator | None = None) -> Verdict:
     evaluator = evaluator or Evaluator()
     return evaluator.evaluate_group(reference, [candidate], options).verdicts[0]

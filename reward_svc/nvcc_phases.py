@@ -56,7 +56,9 @@ def compile_cu(nvcc_cmd: list[str], source: Path, output: Path, cwd: Path) -> su
     keep.mkdir(exist_ok=True)
     plain = [*nvcc_cmd, "-c", str(source), "-o", str(output)]
     env = toolchain_env()
-    dry = subprocess.run([*plain, "--dryrun", "--keep", "--keep-dir", str(keep)], cwd=cwd, capture_output=True, text=True, env=env)
+    dry = subprocess.run(
+        [*plain, "--dryrun", "--keep", "--keep-dir", str(keep)], cwd=cwd, capture_output=True, text=True, env=env
+    )
     phases = parse_dryrun(dry.stdout + dry.stderr) if dry.returncode == 0 else None
     if phases is None:
         return subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env)
@@ -80,7 +82,9 @@ def parse_dryrun(text: str) -> Phases | None:
         match = _ASSIGNMENT.match(line)
         if match and " " not in match.group(1):
             value = match.group(2).strip()
-            env[match.group(1)] = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' and value.count('"') == 2 else value
+            env[match.group(1)] = (
+                value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' and value.count('"') == 2 else value
+            )
         else:
             steps.append(line)
     if tuple(_tool(step) for step in steps) != _EXPECTED_TOOLS:

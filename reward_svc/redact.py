@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.config import Settings
-from reward_svc.verdict import Verdict
+from services.schemas.reward import Verdict
 
 REASON_MAX_CHARS = 2000
 DETAIL_MAX_CHARS = 4000

@@ -1,4 +1,4 @@
-"""CA-GRPO: correctness-aware group rewards and advantages (DESIGN.md §1).
+"""CA-GRPO: correctness-aware group rewards and advantages (docs/REWARD.md, "Rewards").
 
 While fewer than ``threshold`` of a group is correct, the reward is correctness alone; once the
 group reaches it, correct candidates also earn a speed score among the group's correct ones.
@@ -9,17 +9,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, Field
-
-
-class CAGRPOConfig(BaseModel):
-    threshold: float = Field(0.5, ge=0, le=1, description="Group correct fraction from which speed counts.")
-    speed_weight: float = Field(0.5, ge=0, description="λ: weight of the speed score.")
-    speed_score: Literal["log_speedup", "rank"] = "log_speedup"
-    log_clip: float = Field(1.0, gt=0, description="log-speedup is clipped to ±this, then divided by it.")
-    eps: float = Field(1e-6, gt=0)
+from services.schemas.reward import CAGRPOConfig
 
 
 @dataclass(frozen=True)
@@ -32,14 +23,14 @@ class GroupRewards:
 
 def speed_scores(correct: list[bool], speedups: list[float | None], config: CAGRPOConfig) -> list[float]:
     """Speed score of each candidate among the group's correct ones (0 for incorrect or unmeasured)."""
-    measured = [i for i, (c, s) in enumerate(zip(correct, speedups)) if c and s is not None and s > 0]
+    measured = {i: s for i, (c, s) in enumerate(zip(correct, speedups)) if c and s is not None and s > 0}
     scores = [0.0] * len(correct)
     if config.speed_score == "log_speedup":
-        for i in measured:
-            clipped = max(-config.log_clip, min(config.log_clip, math.log(speedups[i])))  # type: ignore[arg-type]
+        for i, speedup in measured.items():
+            clipped = max(-config.log_clip, min(config.log_clip, math.log(speedup)))
             scores[i] = clipped / config.log_clip
     else:  # rank: fastest correct 1, slowest 0, evenly spaced between
-        ordered = sorted(measured, key=lambda i: speedups[i], reverse=True)  # type: ignore[arg-type,return-value]
+        ordered = sorted(measured, key=measured.__getitem__, reverse=True)
         for rank, i in enumerate(ordered):
             scores[i] = 1.0 if len(ordered) == 1 else 1.0 - rank / (len(ordered) - 1)
     return scores

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 import redis
 
+from reward_svc.evaluate import Evaluation, Evaluator
+from reward_svc.rewards import group_rewards
 from services.config import get_settings
 from services.db.models import Candidate, Job, Score
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
 from services.queue.jobs import submit_job
-from services.queue.names import scoring_queues
-from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions, VerdictOut
-from reward_svc.evaluate import EvalOptions, Evaluation, Evaluator
-from reward_svc.rewards import CAGRPOConfig, group_rewards
-
-SCORE_GROUP_TASK = "reward.score_group"
-
-
-def eval_options(options: ScoreOptions) -> EvalOptions:
-    return EvalOptions(**options.model_dump())
+from services.queue.names import SCORE_GROUP_TASK, scoring_queues
+from services.schemas.reward import CAGRPOConfig, GroupResult, GroupScoreRequest, ScoredVerdict
 
 
 def rewarded_group(evaluation: Evaluation, config: CAGRPOConfig) -> GroupResult:
@@ -29,16 +24,14 @@ def rewarded_group(evaluation: Evaluation, config: CAGRPOConfig) -> GroupResult:
     correct = [v.correct for v in evaluation.verdicts]
     rewards = group_rewards(correct, [v.speedup for v in evaluation.verdicts], config)
     verdicts = [
-        VerdictOut(status=v.status, correct=v.correct, reason=v.reason, guard=v.guard, reward=r, advantage=a,  # type: ignore[arg-type]
-                   speedup=v.speedup, runtime_ms=v.runtime_ms, ref_runtime_ms=v.ref_runtime_ms,
-                   max_abs_error=v.max_abs_error, device=evaluation.device, details=v.details)
-        for v, r, a in zip(evaluation.verdicts, rewards.rewards, rewards.advantages)
+        ScoredVerdict(**dataclasses.asdict(v), reward=r, advantage=a, device=evaluation.device)
+        for v, r, a in zip(evaluation.verdicts, rewards.rewards, rewards.advantages, strict=True)
     ]
     return GroupResult(verdicts=verdicts, correct_fraction=rewards.correct_fraction, speed_rewarded=rewards.speed_rewarded)
 
 
 def score_group(request: GroupScoreRequest, evaluator: Evaluator) -> GroupResult:
-    evaluation = evaluator.evaluate_group(request.reference, request.candidates, eval_options(request.options))
+    evaluation = evaluator.evaluate_group(request.reference, request.candidates, request.options)
     return rewarded_group(evaluation, request.ca_grpo)
 
 
@@ -48,15 +41,30 @@ def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str |
     task_id = ensure_task(request.reference, origin="external")
     with session_scope() as session:
         for source, verdict in zip(request.candidates, result.verdicts):
-            candidate = Candidate(task_id=task_id, backend=request.options.backend, source=source, source_hash=source_sha256(source))
+            candidate = Candidate(
+                task_id=task_id, backend=request.options.backend, source=source, source_hash=source_sha256(source)
+            )
             session.add(candidate)
             session.flush()
-            session.add(Score(
-                candidate_id=candidate.id, job_id=job_id, group_id=group_id, status=verdict.status, correct=verdict.correct,
-                reason=verdict.reason, guard=verdict.guard, reward=verdict.reward, advantage=verdict.advantage,
-                speedup=verdict.speedup, runtime_ms=verdict.runtime_ms, ref_runtime_ms=verdict.ref_runtime_ms,
-                max_abs_error=verdict.max_abs_error, device=verdict.device, details=verdict.details,
-            ))
+            session.add(
+                Score(
+                    candidate_id=candidate.id,
+                    job_id=job_id,
+                    group_id=group_id,
+                    status=verdict.status,
+                    correct=verdict.correct,
+                    reason=verdict.reason,
+                    guard=verdict.guard,
+                    reward=verdict.reward,
+                    advantage=verdict.advantage,
+                    speedup=verdict.speedup,
+                    runtime_ms=verdict.runtime_ms,
+                    ref_runtime_ms=verdict.ref_runtime_ms,
+                    max_abs_error=verdict.max_abs_error,
+                    device=verdict.device,
+                    details=verdict.details,
+                )
+            )
     return group_id
 
 

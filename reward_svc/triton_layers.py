@@ -25,8 +25,10 @@ class TritonLayers:
 
     def env(self, workdir: Path) -> dict[str, str]:
         # harness/triton_cache.py is named here, not imported: that module imports triton
-        return {"TRITON_CACHE_MANAGER": "reward_svc.harness.triton_cache:LayeredCacheManager",
-                "KZ_TRITON_LAYERS": str(self.base) if self.base.is_dir() else ""}
+        return {
+            "TRITON_CACHE_MANAGER": "reward_svc.harness.triton_cache:LayeredCacheManager",
+            "KZ_TRITON_LAYERS": str(self.base) if self.base.is_dir() else "",
+        }
 
     def readonly_dirs(self) -> tuple[Path, ...]:
         return (self.base,)

@@ -17,13 +17,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
+from reward_svc.protocol import CandidateResult, Observations, ReferenceResult
 from services.children import tensors
 from services.children.report import OversizedFile, open_regular
-from reward_svc.verdict import Verdict
+from services.children.timing import Timing
+from services.schemas.reward import GUARDS, Guard, Verdict
 
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # A correct output must reproduce the reference's variation, not just its level: relative L2
@@ -121,9 +123,14 @@ class FileComparer:
     a trial (the next one, timing) may have rewritten its file. An output judged while the child
     still ran (``consume``) is held to the fingerprint of the bytes that were judged."""
 
-    def __init__(self, tolerance: Tolerance, device: str = "cpu",
-                 lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-                 fingerprints: dict[str, list[int]] | None = None, key: int | None = None) -> None:
+    def __init__(
+        self,
+        tolerance: Tolerance,
+        device: str = "cpu",
+        lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        fingerprints: dict[str, list[int]] | None = None,
+        key: int | None = None,
+    ) -> None:
         self.tolerance, self.device, self.lock = tolerance, device, lock
         self.key = key
         self.expect(fingerprints)
@@ -164,11 +171,21 @@ class FileComparer:
         try:
             out = _load_output(output, expected.stat().st_size + OUTPUT_SLACK_BYTES, private=private)
         except OversizedFile as oversized:
-            return None, EarlyVerdict(Verdict("incorrect", f"{output.stem} is {oversized.size} bytes, where the reference's "
-                                              f"output is {expected.stat().st_size}: not read"))
-        except Exception as exc:  # noqa: BLE001 (a missing or corrupt file is the candidate's verdict, not the worker's crash)
-            return None, EarlyVerdict(Verdict("rejected", f"the output file of {output.stem} is missing or unreadable "
-                                              f"({type(exc).__name__}) though its trial wrote it", guard="output_tampering"))
+            return None, EarlyVerdict(
+                Verdict(
+                    "incorrect",
+                    f"{output.stem} is {oversized.size} bytes, where the reference's "
+                    f"output is {expected.stat().st_size}: not read",
+                )
+            )
+        except Exception as exc:  # a missing or corrupt file is the candidate's verdict, not the worker's crash
+            return None, EarlyVerdict(
+                Verdict(
+                    "rejected",
+                    f"the output file of {output.stem} is missing or unreadable ({type(exc).__name__}) though its trial wrote it",
+                    guard="output_tampering",
+                )
+            )
         if expected not in self._loaded:
             self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
             self._loaded[expected] = tensors.load(expected)
@@ -186,20 +203,30 @@ class FileComparer:
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
                 return seen, compare(out, tensors.to_device(expected, device), self.tolerance, noise)
         except torch.OutOfMemoryError:
-            return seen, EarlyVerdict(Verdict("runtime_error", f"not judged: the judge ran out of {device} memory comparing "
-                                              f"{name} (the device is shared with other evaluations)",
-                                              details={"out_of_memory": True}))
-        except Exception as exc:  # noqa: BLE001 (a tensor that loads but cannot be compared: the candidate's verdict)
-            return seen, EarlyVerdict(Verdict("incorrect", f"{name} cannot be compared with the reference's output: "
-                                              f"{type(exc).__name__}: {exc}"[:500]))
+            return seen, EarlyVerdict(
+                Verdict(
+                    "runtime_error",
+                    f"not judged: the judge ran out of {device} memory comparing "
+                    f"{name} (the device is shared with other evaluations)",
+                    details={"out_of_memory": True},
+                )
+            )
+        except Exception as exc:  # a tensor that loads but cannot be compared: the candidate's verdict
+            return seen, EarlyVerdict(
+                Verdict("incorrect", f"{name} cannot be compared with the reference's output: {type(exc).__name__}: {exc}"[:500])
+            )
 
     def _check_fingerprint(self, name: str, seen: list[int]) -> None:
         recorded = self.fingerprints.get(name)
         if recorded is None or seen != recorded:
-            raise EarlyVerdict(Verdict(
-                "rejected", f"the output file of {name} is not what the trial returned: it was "
-                f"{'written by someone other than the harness' if recorded is None else 'rewritten after the trial ended'}",
-                guard="output_tampering"))
+            raise EarlyVerdict(
+                Verdict(
+                    "rejected",
+                    f"the output file of {name} is not what the trial returned: it was "
+                    f"{'written by someone other than the harness' if recorded is None else 'rewritten after the trial ended'}",
+                    guard="output_tampering",
+                )
+            )
 
 
 @dataclass(frozen=True)
@@ -215,8 +242,12 @@ class TrialFiles:
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
-        return {**{f"output_{case}": case for case in range(self.cases)}, "output_refresh": 0, "output_knockout": 0,
-                **{f"output_timed_{case}": case for case in range(self.cases)}}
+        return {
+            **{f"output_{case}": case for case in range(self.cases)},
+            "output_refresh": 0,
+            "output_knockout": 0,
+            **{f"output_timed_{case}": case for case in range(self.cases)},
+        }
 
     def output(self, name: str) -> Path:
         return self.cand_dir / f"{name}.pt"
@@ -267,12 +298,17 @@ class OutputStream:
                         self.compare_files.consume(output, self.files.expected(name), self.files.noise(name))
                         self.pending.remove(name)
                 self._stop.wait(self.POLL_S)
-        except BaseException as exc:  # noqa: BLE001 (a judge bug: raised in the worker's thread once the child is done)
+        except BaseException as exc:  # a judge bug: raised in the worker's thread once the child is done
             self._error = exc
 
 
-def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer,
-          audit: list[str] | None = None) -> Verdict:
+def judge(
+    ref_result: ReferenceResult,
+    cand_result: CandidateResult,
+    files: TrialFiles,
+    compare_files: FileComparer,
+    audit: list[str] | None = None,
+) -> Verdict:
     """The verdict on one candidate; ``audit``: what its child's audit hook refused, read by the worker
     from the audit log (the child's result cannot leave it out)."""
     status = cand_result.get("status")
@@ -280,17 +316,25 @@ def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialF
     if not isinstance(observations, dict):
         observations = {}
     if audit:
-        return Verdict("rejected", f"the candidate tried what no kernel does: {'; '.join(audit[:3])}"[:1000],
-                       guard="harness_tampering", details={"observations": observations, "audit": audit[:20]})
-    if status not in CHILD_STATUSES:  # the child's result is data: never a verdict of its own choosing
-        return Verdict("runtime_error", f"the candidate's harness reported an unknown status {str(status)[:40]!r}",
-                       details={"observations": observations})
+        return Verdict(
+            "rejected",
+            f"the candidate tried what no kernel does: {'; '.join(audit[:3])}"[:1000],
+            guard="harness_tampering",
+            details={"observations": observations, "audit": audit[:20]},
+        )
+    guard, reason = cand_result.get("guard"), cand_result.get("reason", "no reason given")
+    if status not in CHILD_STATUSES or (guard is not None and guard not in GUARDS) or not isinstance(reason, str):
+        # the child's result is data: never a verdict of its own choosing, nor one the schema cannot hold
+        return Verdict(
+            "runtime_error",
+            f"the candidate's harness reported an unknown status {str(status)[:40]!r} or guard {str(guard)[:40]!r}",
+            details={"observations": observations},
+        )
     if status != "ok":
-        details = {"observations": observations, "traceback": cand_result.get("traceback")}
+        details: dict[str, Any] = {"observations": observations, "traceback": cand_result.get("traceback")}
         if cand_result.get("out_of_memory") is True:  # the harness ran short of memory: the worker may run it again
             details["out_of_memory"] = True
-        return Verdict(status=status or "runtime_error", reason=cand_result.get("reason", "no reason given"),
-                       guard=cand_result.get("guard"), details=details)
+        return Verdict(status=status, reason=reason, guard=cast(Guard | None, guard), details=details)
     rejection = guard_observations(observations, ref_result)
     if rejection:
         guard, reason = rejection
@@ -303,8 +347,13 @@ def judge(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialF
         return early.verdict
 
 
-def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], files: TrialFiles, compare_files: FileComparer,
-                   observations: dict[str, Any]) -> Verdict:
+def _judge_outputs(
+    ref_result: ReferenceResult,
+    cand_result: CandidateResult,
+    files: TrialFiles,
+    compare_files: FileComparer,
+    observations: Observations,
+) -> Verdict:
     def against_reference(name: str) -> Comparison:
         return compare_files(files.output(name), files.expected(name), files.noise(name))
 
@@ -317,47 +366,88 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
         ok, why, error, _ = against_reference(f"output_{case}")
         max_error = max(max_error, error)
         if not ok:
-            return Verdict("incorrect", f"trial {case + 1} of {trials}: {why}", max_abs_error=_finite(max_error),
-                           details={"observations": observations})
+            return Verdict(
+                "incorrect",
+                f"trial {case + 1} of {trials}: {why}",
+                max_abs_error=_finite(max_error),
+                details={"observations": observations},
+            )
     if produced("output_refresh"):
         ok, why, _, _ = against_reference("output_refresh")
         if not ok:
-            return Verdict("rejected", f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
-                           "the candidate returns what an earlier call left (a cache, or memory not written this call)",
-                           guard="cross_call_cache", max_abs_error=_finite(max_error))
+            return Verdict(
+                "rejected",
+                f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
+                "the candidate returns what an earlier call left (a cache, or memory not written this call)",
+                guard="cross_call_cache",
+                max_abs_error=_finite(max_error),
+            )
     if produced("output_knockout"):
         knockout = against_reference("output_knockout")
         if knockout.ok and observations.get("knockout_copies"):
             # the kernels only copied (the knockout leaves copies alone): where provenance or the op accounting
             # says PyTorch computed what they carried, that is the more exact verdict
             if observations.get("pytorch_output_kind") == "copied":
-                return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-                               "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
+                return Verdict(
+                    "rejected",
+                    f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+                    "(followed through the refresh trial)",
+                    guard="pytorch_fallback",
+                    max_abs_error=_finite(max_error),
+                )
             delegated = pytorch_work(observations, ref_result)
             if delegated:
-                return Verdict("rejected", f"{delegated}; the custom kernels only copy", guard="pytorch_fallback",
-                               max_abs_error=_finite(max_error))
+                return Verdict(
+                    "rejected",
+                    f"{delegated}; the custom kernels only copy",
+                    guard="pytorch_fallback",
+                    max_abs_error=_finite(max_error),
+                )
         if knockout.ok:
-            return Verdict("rejected", "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
-                           "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
-                           guard="decoy_kernel", max_abs_error=_finite(max_error))
+            return Verdict(
+                "rejected",
+                "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
+                "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
+                guard="decoy_kernel",
+                max_abs_error=_finite(max_error),
+            )
         if knockout.mismatched is not None and knockout.mismatched < MIN_KERNEL_SHARE:
-            return Verdict("rejected", f"the custom kernels produce {knockout.mismatched:.1%} of the output: with everything they "
-                           f"wrote destroyed, the other {1 - knockout.mismatched:.1%} of its (unsaturated) values stay right, so "
-                           f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
-                           guard="kernel_share", max_abs_error=_finite(max_error), details={"kernel_share": knockout.mismatched})
-        observations["kernel_share"] = knockout.mismatched
+            return Verdict(
+                "rejected",
+                f"the custom kernels produce {knockout.mismatched:.1%} of the output: with everything they "
+                f"wrote destroyed, the other {1 - knockout.mismatched:.1%} of its (unsaturated) values stay right, so "
+                f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
+                guard="kernel_share",
+                max_abs_error=_finite(max_error),
+                details={"kernel_share": knockout.mismatched},
+            )
+        if knockout.mismatched is not None:
+            observations["kernel_share"] = knockout.mismatched
     if observations.get("knockout_raised"):
-        return Verdict("rejected", "forward raised when its kernels' results were replaced "
-                       f"({observations['knockout_raised'][:200]}): it checks what its own kernels wrote, hiding from the knockout trial",
-                       guard="knockout_evasion", max_abs_error=_finite(max_error))
+        return Verdict(
+            "rejected",
+            "forward raised when its kernels' results were replaced "
+            f"({observations['knockout_raised'][:200]}): it checks what its own kernels wrote, hiding from the knockout trial",
+            guard="knockout_evasion",
+            max_abs_error=_finite(max_error),
+        )
     if observations.get("knockout_path"):
-        return Verdict("rejected", "forward took another path when its kernels' results were tampered with than on the same values "
-                       f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
-                       "the knockout trial", guard="knockout_evasion", max_abs_error=_finite(max_error))
+        return Verdict(
+            "rejected",
+            "forward took another path when its kernels' results were tampered with than on the same values "
+            f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
+            "the knockout trial",
+            guard="knockout_evasion",
+            max_abs_error=_finite(max_error),
+        )
     if observations.get("pytorch_output"):
-        return Verdict("rejected", f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-                       "(followed through the refresh trial)", guard="pytorch_fallback", max_abs_error=_finite(max_error))
+        return Verdict(
+            "rejected",
+            f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+            "(followed through the refresh trial)",
+            guard="pytorch_fallback",
+            max_abs_error=_finite(max_error),
+        )
     delegated = pytorch_work(observations, ref_result)
     if delegated:
         return Verdict("rejected", delegated, guard="pytorch_fallback", max_abs_error=_finite(max_error))
@@ -367,8 +457,12 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
         evasion = _timing_evasion(cand_timing, observations, files, produced, against_reference)
         if evasion:
             return Verdict("rejected", evasion, guard="timing_evasion", max_abs_error=_finite(max_error))
-    verdict = Verdict("correct", f"matches the reference on {trials} trials (max abs error {max_error:.3g})", max_abs_error=_finite(max_error),
-                      details={"observations": observations})
+    verdict = Verdict(
+        "correct",
+        f"matches the reference on {trials} trials (max abs error {max_error:.3g})",
+        max_abs_error=_finite(max_error),
+        details={"observations": observations},
+    )
     if cand_timing and ref_timing:
         verdict.runtime_ms = cand_timing["median_ms"]
         verdict.ref_runtime_ms = ref_timing["median_ms"]
@@ -387,8 +481,13 @@ def _judge_outputs(ref_result: dict[str, Any], cand_result: dict[str, Any], file
     return verdict
 
 
-def _timing_evasion(timing: dict[str, Any], observations: dict[str, Any], files: TrialFiles, produced: Callable[[str], bool],
-                    against_reference: Callable[[str], Comparison]) -> str | None:
+def _timing_evasion(
+    timing: Timing,
+    observations: Observations,
+    files: TrialFiles,
+    produced: Callable[[str], bool],
+    against_reference: Callable[[str], Comparison],
+) -> str | None:
     """Why the timed calls were not the checked forward: their check call (on values neither the first
     nor the last timed call had) gave a wrong answer, or they launched fewer custom kernels."""
     checked = next((name for name in files.names() if name.startswith("output_timed_") and produced(name)), None)
@@ -396,16 +495,20 @@ def _timing_evasion(timing: dict[str, Any], observations: dict[str, Any], files:
         return "the timed calls' output was not kept: forward computes less while it is timed"
     ok, why, _, _ = against_reference(checked)
     if not ok:
-        return (f"after timing, a call on other values returned a wrong answer ({why}) where the trials were right: the timed "
-                "calls return what an earlier call left (a cache keyed on the tensors) or forward computes less while timed")
+        return (
+            f"after timing, a call on other values returned a wrong answer ({why}) where the trials were right: the timed "
+            "calls return what an earlier call left (a cache keyed on the tensors) or forward computes less while timed"
+        )
     per_call, checked_calls = timing.get("launches_per_call"), observations.get("launches_per_case") or [0]
     if isinstance(per_call, (int, float)) and per_call < min(checked_calls) - 1e-9:
-        return (f"the timed calls launched {per_call:.2f} custom kernels each where every checked call launched at least "
-                f"{min(checked_calls)}: while timed, forward skips its kernels")
+        return (
+            f"the timed calls launched {per_call:.2f} custom kernels each where every checked call launched at least "
+            f"{min(checked_calls)}: while timed, forward skips its kernels"
+        )
     return None
 
 
-def implausible_timing(cand: dict[str, Any], ref: dict[str, Any], ref_result: dict[str, Any]) -> dict[str, Any] | None:
+def implausible_timing(cand: Timing, ref: Timing, ref_result: ReferenceResult) -> dict[str, Any] | None:
     """A candidate time below what moving the problem's bytes (its inputs and outputs, once) allows at
     ``PLAUSIBLE_BANDWIDTH_SHARE`` times the bandwidth the reference's harness measured (its L2 flush, a
     device-wide memset), where the reference itself is above that floor: what the timing measured is
@@ -417,12 +520,18 @@ def implausible_timing(cand: dict[str, Any], ref: dict[str, Any], ref_result: di
     floor_ms = moved / (flush_bytes / flush_ms) / PLAUSIBLE_BANDWIDTH_SHARE
     if ref["median_ms"] < floor_ms or cand["median_ms"] >= floor_ms:
         return None
-    return {"floor_ms": floor_ms, "bytes": moved, "why": (
-        f"{cand['median_ms'] * 1e3:.1f} us per call is under the {floor_ms * 1e3:.1f} us that moving its {moved / 1e6:.1f} MB "
-        f"once takes at {PLAUSIBLE_BANDWIDTH_SHARE:g}x the device's measured bandwidth: the timing measured something else")}
+    return {
+        "floor_ms": floor_ms,
+        "bytes": moved,
+        "why": (
+            f"{cand['median_ms'] * 1e3:.1f} us per call is under the {floor_ms * 1e3:.1f} us that moving its "
+            f"{moved / 1e6:.1f} MB "
+            f"once takes at {PLAUSIBLE_BANDWIDTH_SHARE:g}x the device's measured bandwidth: the timing measured something else"
+        ),
+    }
 
 
-def guard_observations(observations: dict[str, Any], ref_result: dict[str, Any]) -> tuple[str, str] | None:
+def guard_observations(observations: Observations, ref_result: ReferenceResult) -> tuple[Guard, str] | None:
     """The dynamic guards on what the candidate's process recorded."""
     if observations.get("replaced_functions"):
         return "harness_tampering", f"replaced functions the harness relies on: {', '.join(observations['replaced_functions'])}"
@@ -434,20 +543,28 @@ def guard_observations(observations: dict[str, Any], ref_result: dict[str, Any])
         return "precision_downgrade", f"changed precision settings: {'; '.join(observations['precision_changes'])}"
     if observations.get("failed_launches"):
         failed = ", ".join(observations["failed_launches"])
-        return "exception_fallback", f"custom kernel call(s) {failed} raised and forward still returned: the candidate fell back to another path"
+        return (
+            "exception_fallback",
+            f"custom kernel call(s) {failed} raised and forward still returned: the candidate fell back to another path",
+        )
     launches = observations.get("launches_per_case", [])
     if not launches or sum(launches) == 0:
-        return "no_custom_kernel", "no custom kernel ran during forward (a kernel defined but never launched, or a PyTorch fallback)"
+        return (
+            "no_custom_kernel",
+            "no custom kernel ran during forward (a kernel defined but never launched, or a PyTorch fallback)",
+        )
     if 0 in launches:
         return "conditional_fallback", f"no custom kernel ran on trial {launches.index(0) + 1}: forward switches to another path"
     for case, work in enumerate(observations.get("work_per_case") or []):
         if isinstance(work, dict) and isinstance(work.get("host_bytes"), int) and work["host_bytes"] > HOST_BYTES_MAX:
-            return "host_compute", (f"forward read {work['host_scalars']} values ({work['host_bytes']} bytes) into Python on trial "
-                                    f"{case + 1} (at most {HOST_BYTES_MAX} bytes): the answer is computed on the host, out of the kernels")
+            return "host_compute", (
+                f"forward read {work['host_scalars']} values ({work['host_bytes']} bytes) into Python on trial "
+                f"{case + 1} (at most {HOST_BYTES_MAX} bytes): the answer is computed on the host, out of the kernels"
+            )
     return None
 
 
-def pytorch_work(observations: dict[str, Any], ref_result: dict[str, Any]) -> str | None:
+def pytorch_work(observations: Observations, ref_result: ReferenceResult) -> str | None:
     """Why PyTorch, not the custom kernels, did the reference's work in some trial (checked once the
     outputs were: a decoy gets the knockout's verdict first), or None."""
     ref_work = ref_result.get("work_per_case") or []
@@ -455,9 +572,11 @@ def pytorch_work(observations: dict[str, Any], ref_result: dict[str, Any]) -> st
         reference = ref_work[case] if case < len(ref_work) else (ref_work[0] if ref_work else None)
         covered = pytorch_covers_reference(work, reference)
         if covered:
-            return (f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {FALLBACK_WORK_SHARE:.0%} "
-                    f"of the reference's {', '.join(covered)} work (synonyms and decompositions count by family, and work of a "
-                    "kind the reference does not do counts toward each), so the custom kernels do not compute the answer")
+            return (
+                f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {FALLBACK_WORK_SHARE:.0%} "
+                f"of the reference's {', '.join(covered)} work (synonyms and decompositions count by family, and work of a "
+                "kind the reference does not do counts toward each), so the custom kernels do not compute the answer"
+            )
     return None
 
 
@@ -496,7 +615,9 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float]
         if out.shape != ref.shape:
             return Comparison(False, f"{label} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}", math.inf, 1.0)
         if out.dtype != ref.dtype:
-            return Comparison(False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0)
+            return Comparison(
+                False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0
+            )
         floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
         ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0))
         worst = max(worst, error)
@@ -506,7 +627,9 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float]
     return Comparison(not failure, failure, worst, bad / counted if counted else None)
 
 
-def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float) -> tuple[bool, str, float, int, int]:
+def _compare_tensor(
+    out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float
+) -> tuple[bool, str, float, int, int]:
     """(ok, why not, max abs error, informative values outside tolerance, informative values)."""
     if not (ref.is_floating_point() or ref.is_complex()):
         equal = torch.equal(out, ref)
@@ -539,8 +662,13 @@ def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, 
     if pattern_differs:
         return False, "NaN/Inf where the reference has none (or the reverse)", math.inf, informative_bad, informative
     if bad:
-        return (False, f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})", error,
-                informative_bad, informative)
+        return (
+            False,
+            f"{bad} of {ref.numel()} values outside atol={atol:g} rtol={rtol:g} (max abs error {error:.3g})",
+            error,
+            informative_bad,
+            informative,
+        )
     finite = None if all_finite else torch.isfinite(ref)
     ref_c = ref if finite is None else ref[finite]
     if not looks_constant(ref_c, atol, rtol):
@@ -579,8 +707,10 @@ def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
     level = float(ref.mean(dtype=compute))
 
     def close_to(value: float) -> bool:
-        return all(bool(torch.isclose(torch.full_like(part, value, dtype=compute), part.to(compute), atol=atol, rtol=rtol).all())
-                   for (part,) in tensors.slices(ref))
+        return all(
+            bool(torch.isclose(torch.full_like(part, value, dtype=compute), part.to(compute), atol=atol, rtol=rtol).all())
+            for (part,) in tensors.slices(ref)
+        )
 
     return close_to(level) or close_to(0.0)
 
@@ -592,13 +722,18 @@ def _reproduces_structure(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dty
     # Rounding alone moves a correct output by a few ulps of its magnitude, and where the reference's
     # variation is itself rounding noise (a mean of normalised values is 0 up to rounding) by that
     # noise, as the reference measured it: never demand more.
-    allowed = (STRUCTURE_TOLERANCE * float(ref_var.norm()) + NOISE_ULPS * torch.finfo(dtype).eps * float(ref.norm())
-               + NOISE_SPREAD * noise)
+    allowed = (
+        STRUCTURE_TOLERANCE * float(ref_var.norm())
+        + NOISE_ULPS * torch.finfo(dtype).eps * float(ref.norm())
+        + NOISE_SPREAD * noise
+    )
     structure_error = float(((out - out.mean()) - ref_var).norm())
     if structure_error > allowed:
         relative = structure_error / max(float(ref_var.norm()), 1e-300)
-        return False, (f"passes allclose only because the reference output is tiny or near-constant; the output's variation "
-                       f"differs from the reference's by {relative:.1%} (degenerate output)")
+        return False, (
+            f"passes allclose only because the reference output is tiny or near-constant; the output's variation "
+            f"differs from the reference's by {relative:.1%} (degenerate output)"
+        )
     return True, ""
 
 

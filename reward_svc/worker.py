@@ -1,4 +1,4 @@
-"""The reward service's Celery worker: `celery -A reward_svc.worker worker -Q compile,score.cpu`.
+"""The reward service's Celery worker: `celery -A reward_svc.worker worker -Q score.cpu` (or `score.gpu<i>`).
 
 One evaluator per worker process keeps its sandboxed children warm between jobs; a GPU worker
 runs with ``--pool threads`` so its concurrent jobs share that evaluator.
@@ -8,10 +8,10 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from services.queue.worker import create_worker_app
 from reward_svc.evaluate import Evaluator
-from reward_svc.service import SCORE_GROUP_TASK, run_score_job
-
+from reward_svc.service import run_score_job
+from services.queue.names import SCORE_GROUP_TASK
+from services.queue.worker import create_worker_app
 
 _evaluator_lock = threading.Lock()
 

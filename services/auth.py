@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import Depends, HTTPException, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -40,11 +40,12 @@ def list_api_keys() -> list[ApiKey]:
 
 def revoke_api_key(key_id_or_prefix: str) -> ApiKey | None:
     with session_scope() as session:
-        key = session.get(ApiKey, key_id_or_prefix) or session.scalars(
-            select(ApiKey).where(ApiKey.prefix == key_id_or_prefix)
-        ).first()
+        key = (
+            session.get(ApiKey, key_id_or_prefix)
+            or session.scalars(select(ApiKey).where(ApiKey.prefix == key_id_or_prefix)).first()
+        )
         if key is not None and key.revoked_at is None:
-            key.revoked_at = datetime.now(timezone.utc)
+            key.revoked_at = datetime.now(UTC)
         return key
 
 
@@ -84,4 +85,6 @@ def require_admin_key(
 ) -> None:
     """FastAPI dependency: a valid key that is also an admin key."""
     if get_settings().auth_enabled and not _presented_key(bearer, header_key).admin:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this route needs an admin API key (kernelzero apikey create NAME --admin)")
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "this route needs an admin API key (kernelzero apikey create NAME --admin)"
+        )

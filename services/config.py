@@ -39,24 +39,28 @@ class Settings(BaseSettings):
     # Reward service
     sandbox_memory_bytes: int = Field(default=16 << 30, description="Address-space limit of a CPU evaluation child.")
     reward_warm_children: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="Evaluation children kept warm per worker; unset: 1 on CPU, on a GPU host min(8, CPU cores / 2) "
         "(each evaluation takes two, and a child needs seconds to warm up).",
     )
     reward_max_file_bytes: int = Field(
-        default=32 << 30, gt=0,
+        default=32 << 30,
+        gt=0,
         description="Largest file an evaluation child may write: its inputs and outputs cross as files, and KernelBench "
         "level-1 tensors reach 6.4 GB.",
     )
     reward_exchange_max_bytes: int | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Trial tensors crossing between children as files: per reference (it runs fewer correctness cases when "
         "they would pass it, but at least two), across groups (a new reference waits while the files in use pass it) and "
         "across the candidates whose outputs are being written at once (a larger one runs alone); unset: a quarter of the "
         "scratch filesystem. A KernelBench level-1 case is 13 GB of input and output.",
     )
     reward_scratch_min_free_bytes: int = Field(
-        default=1 << 30, ge=0,
+        default=1 << 30,
+        ge=0,
         description="Free space a reference leaves in the scratch filesystem: one whose trial tensors would take it below "
         "this stops, and its group waits for other groups' files to go, then runs again (groups admitted together can "
         "each fit the exchange budget and still not fit the filesystem together).",
@@ -69,27 +73,41 @@ class Settings(BaseSettings):
     )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
     reward_cache_max_bytes: int = Field(
-        default=20 << 30, gt=0,
+        default=20 << 30,
+        gt=0,
         description="Cap on published candidate builds; least recently used go first (never one used in the last hour).",
     )
     reward_gpu_concurrency: int = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="Groups a GPU reward worker evaluates at once (Celery threads pool): compiles and correctness trials "
         "overlap, while timing stays exclusive through the device lock.",
     )
 
     # Proposer service
     proposer_corpus: str = Field(default="default", description="Mined API statistics the proposer samples from.")
-    proposer_composer: Literal["composer", "llm"] = Field(default="composer", description="Who writes modules: the programmatic composer or the LLM.")
-    proposer_sample_temperature: float = Field(default=1.0, gt=0, description="Temperature of API-set sampling (higher: flatter).")
+    proposer_composer: Literal["composer", "llm"] = Field(
+        default="composer", description="Who writes modules: the programmatic composer or the LLM."
+    )
+    proposer_sample_temperature: float = Field(
+        default=1.0, gt=0, description="Temperature of API-set sampling (higher: flatter)."
+    )
     proposer_failure_bias: float = Field(default=1.0, ge=0, description="Weight toward APIs the Coder fails on (0: none).")
     proposer_api_set_size: int = Field(default=3, ge=1, description="APIs sampled per proposed module.")
-    proposer_frontier_shape: Literal["linear", "gaussian"] = Field(default="linear", description="Frontier reward: 1-|2p-1|, or a gaussian around 0.5.")
+    proposer_frontier_shape: Literal["linear", "gaussian"] = Field(
+        default="linear", description="Frontier reward: 1-|2p-1|, or a gaussian around 0.5."
+    )
     proposer_frontier_width: float = Field(default=0.2, gt=0, description="Standard deviation of the gaussian frontier reward.")
     proposer_min_attempts: int = Field(default=4, ge=1, description="Scored candidates before a task's pass rate counts.")
-    proposer_explore_fraction: float = Field(default=0.25, ge=0, le=1, description="Share of a round's tasks given to under-attempted ones.")
-    proposer_validation_timeout_s: float = Field(default=120.0, gt=0, description="Wall-clock limit of one module's validation child.")
-    proposer_validation_warm_children: int = Field(default=1, ge=0, description="Validation children kept warm while a batch runs.")
+    proposer_explore_fraction: float = Field(
+        default=0.25, ge=0, le=1, description="Share of a round's tasks given to under-attempted ones."
+    )
+    proposer_validation_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wall-clock limit of one module's validation child."
+    )
+    proposer_validation_warm_children: int = Field(
+        default=1, ge=0, description="Validation children kept warm while a batch runs."
+    )
     proposer_min_ms_cpu: float = Field(default=0.0, ge=0, description="Runtime lower bound of a module on CPU (0: none).")
     proposer_max_ms_cpu: float = Field(default=10000.0, ge=0, description="Runtime upper bound of a module on CPU (0: none).")
     proposer_min_ms_cuda: float = Field(default=0.005, ge=0, description="Runtime lower bound of a module on the GPU (0: none).")
@@ -97,13 +115,21 @@ class Settings(BaseSettings):
 
     # Coder service
     coder_model_backend: Literal["template", "openai", "hf"] = Field(
-        default="template", description="Kernel generator: the deterministic template, an OpenAI-compatible endpoint, or a local HF model.")
-    coder_openai_base_url: str = Field(default="http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint (vLLM), with /v1.")
+        default="template",
+        description="Kernel generator: the deterministic template, an OpenAI-compatible endpoint, or a local HF model.",
+    )
+    coder_openai_base_url: str = Field(
+        default="http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint (vLLM), with /v1."
+    )
     coder_openai_api_key: SecretStr | None = Field(default=None, description="Bearer key for the endpoint; never logged.")
-    coder_model: str | None = Field(default=None, description="Model name sent to the endpoint; the first one it lists when unset.")
+    coder_model: str | None = Field(
+        default=None, description="Model name sent to the endpoint; the first one it lists when unset."
+    )
     coder_hf_model_path: Path | None = Field(default=None, description="Local Hugging Face model directory for the hf backend.")
     coder_lora_path: Path | None = Field(default=None, description="LoRA adapter loaded on top of the hf model at start.")
-    coder_request_timeout_s: float = Field(default=600.0, gt=0, description="Read timeout of one chat request (long generations).")
+    coder_request_timeout_s: float = Field(
+        default=600.0, gt=0, description="Read timeout of one chat request (long generations)."
+    )
     coder_max_retries: int = Field(default=4, ge=0, description="Retries of a request on connect errors, 429 and 5xx.")
     coder_max_concurrency: int = Field(default=8, ge=1, description="Chat requests in flight at once per process.")
     coder_system_prompt_cuda: str | None = Field(default=None, description="Replaces the built-in CUDA system prompt.")
@@ -113,7 +139,7 @@ class Settings(BaseSettings):
     coder_max_tokens: int = Field(default=4096, ge=1, description="Default cap on generated tokens per reply.")
 
     @model_validator(mode="after")
-    def _visibility_outlives_jobs(self) -> "Settings":
+    def _visibility_outlives_jobs(self) -> Settings:
         # Redis redelivers an unacked message after the visibility timeout: it must exceed the
         # hard limit, or a long GPU job would run twice.
         if self.visibility_timeout_s <= self.task_hard_time_limit_s:
@@ -122,6 +148,7 @@ class Settings(BaseSettings):
             raise ValueError("KZ_TASK_SOFT_TIME_LIMIT_S must be below KZ_TASK_HARD_TIME_LIMIT_S")
         return self
 
+    # pydantic's computed field over a property, which mypy does not follow
     @computed_field  # type: ignore[prop-decorator]
     @property
     def sqlalchemy_url(self) -> str:

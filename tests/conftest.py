@@ -33,12 +33,12 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from reward_svc.evaluate import Evaluator
 from services.cli.launcher import platform_commands
 from services.config import Settings, get_settings
 from services.db import migrate
 from services.db.session import engine_for
 from services.queue.app import producer
-from reward_svc.evaluate import Evaluator
 
 TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -214,7 +214,9 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
 def shared_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluator]:
     """One reward evaluator for every test that only evaluates groups, on settings of its own: its
     children warm up (torch imported, most of a small evaluation's time) while earlier ones work."""
-    instance = Evaluator(Settings(data_dir=tmp_path_factory.mktemp("evaluator"), reward_warm_children=2, reward_parallel_children=2))
+    instance = Evaluator(
+        Settings(data_dir=tmp_path_factory.mktemp("evaluator"), reward_warm_children=2, reward_parallel_children=2)
+    )
     yield instance
     instance.close()
 

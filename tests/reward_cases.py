@@ -7,7 +7,7 @@ from pathlib import Path
 KERNELS = Path(__file__).parent / "kernels"
 RELU_REFERENCE = (KERNELS / "relu" / "reference.py").read_text()
 
-HEADER = '''
+HEADER = """
 import torch
 import torch.nn as nn
 import triton
@@ -24,7 +24,7 @@ def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def launch_relu(x, out):
     relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
     return out
-'''
+"""
 
 
 def candidate(forward: str, extra: str = "") -> str:
@@ -38,87 +38,156 @@ HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # name: (candidate source, the guard or status that must fire, or a tuple of acceptable ones)
     "decoy_scratch_kernel": (candidate("launch_relu(x, torch.empty_like(x))\nreturn torch.clamp(x, min=0)"), "decoy_kernel"),
     # The kernel's output folded in with weight zero: formally used, numerically irrelevant.
-    "decoy_masked_by_zero": (candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn torch.clamp(x, min=0) + out * 0"),
-                             "decoy_kernel"),
+    "decoy_masked_by_zero": (
+        candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn torch.clamp(x, min=0) + out * 0"),
+        "decoy_kernel",
+    ),
     # Looks at what its kernel wrote (zeros, the ReLU of minus ones, over a tensor of sevens) and returns it only once it
     # was tampered with. (A kernel that only copies, as a ReLU of ones does, is left alone by the knockout: a decoy then.)
-    "decoy_that_detects_the_knockout": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"),
-        "knockout_evasion"),
+    "decoy_that_detects_the_knockout": (
+        candidate(
+            "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 - 1, out)\nif bool((out != 0).any()):\n    return out\nreturn torch.clamp(x, min=0)"
+        ),
+        "knockout_evasion",
+    ),
     # The same decoy without a branch: its kernel's output selects PyTorch's answer away (the knockout cannot see this one).
-    "decoy_selected_away_with_where": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nreturn torch.where((out != 1).any(), out, torch.clamp(x, min=0))"),
-        "pytorch_fallback"),
+    "decoy_selected_away_with_where": (
+        candidate(
+            "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nreturn torch.where((out != 1).any(), out, torch.clamp(x, min=0))"
+        ),
+        "pytorch_fallback",
+    ),
     # Computes the answer in PyTorch under another op's name and has a kernel copy it out.
-    "pytorch_renamed_and_copied_by_a_kernel": (candidate("y = torch.clamp(x, min=0)\nreturn launch_relu(y, torch.empty_like(y))"),
-                                               "pytorch_fallback"),
+    "pytorch_renamed_and_copied_by_a_kernel": (
+        candidate("y = torch.clamp(x, min=0)\nreturn launch_relu(y, torch.empty_like(y))"),
+        "pytorch_fallback",
+    ),
     # PyTorch's answer assembled from halves, by cat or by copies into slices, then selected past the kernel's output.
-    "pytorch_halves_joined_by_cat": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\n"
-        "joined = torch.cat([torch.clamp(x[:half], min=0), torch.clamp(x[half:], min=0)])\n"
-        "return torch.where((out != 1).any(), out, joined)"), "pytorch_fallback"),
-    "pytorch_halves_copied_into_slices": (candidate(
-        "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\njoined = torch.empty_like(x)\n"
-        "joined[:half].copy_(torch.clamp(x[:half], min=0))\njoined[half:].copy_(torch.clamp(x[half:], min=0))\n"
-        "return torch.where((out != 1).any(), out, joined)"), "pytorch_fallback"),
+    "pytorch_halves_joined_by_cat": (
+        candidate(
+            "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\n"
+            "joined = torch.cat([torch.clamp(x[:half], min=0), torch.clamp(x[half:], min=0)])\n"
+            "return torch.where((out != 1).any(), out, joined)"
+        ),
+        "pytorch_fallback",
+    ),
+    "pytorch_halves_copied_into_slices": (
+        candidate(
+            "out = torch.full_like(x, 7.0)\nlaunch_relu(x * 0 + 1, out)\nhalf = x.shape[0] // 2\njoined = torch.empty_like(x)\n"
+            "joined[:half].copy_(torch.clamp(x[:half], min=0))\njoined[half:].copy_(torch.clamp(x[half:], min=0))\n"
+            "return torch.where((out != 1).any(), out, joined)"
+        ),
+        "pytorch_fallback",
+    ),
     "kernel_never_launched": (candidate("return torch.clamp(x, min=0)"), "no_custom_kernel"),
-    "try_except_fallback": (candidate(
-        "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"),
-        "exception_fallback"),
-    "pytorch_does_the_work_kernel_copies": (candidate("y = torch.relu(x)\nout = torch.empty_like(y)\nreturn launch_relu(y, out)"),
-                                            "pytorch_fallback"),
+    "try_except_fallback": (
+        candidate(
+            "try:\n    relu_kernel[(1,)](x, None, x.numel(), BLOCK=1024)\nexcept Exception:\n    pass\nreturn torch.clamp(x, min=0)"
+        ),
+        "exception_fallback",
+    ),
+    "pytorch_does_the_work_kernel_copies": (
+        candidate("y = torch.relu(x)\nout = torch.empty_like(y)\nreturn launch_relu(y, out)"),
+        "pytorch_fallback",
+    ),
     "imports_the_reference": (candidate("return Model()(x)", extra="from reference import Model"), "forbidden_import"),
-    "reference_copied_inline": (candidate(
-        "return launch_relu(RefModel()(x), torch.empty_like(x))",
-        extra="class RefModel(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)"), "pytorch_fallback"),
-    "cache_by_shape": (candidate(
-        "key = tuple(x.shape)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
-        extra="CACHE = {}"), ("conditional_fallback", "incorrect")),
-    "cache_by_address": (candidate(
-        "key = x.data_ptr()\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nlaunch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
-        extra="CACHE = {}"), "cross_call_cache"),
+    "reference_copied_inline": (
+        candidate(
+            "return launch_relu(RefModel()(x), torch.empty_like(x))",
+            extra="class RefModel(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)",
+        ),
+        "pytorch_fallback",
+    ),
+    "cache_by_shape": (
+        candidate(
+            "key = tuple(x.shape)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
+            extra="CACHE = {}",
+        ),
+        ("conditional_fallback", "incorrect"),
+    ),
+    "cache_by_address": (
+        candidate(
+            "key = x.data_ptr()\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nlaunch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
+            extra="CACHE = {}",
+        ),
+        "cross_call_cache",
+    ),
     # Keyed on the values: the refresh trial (same values, other tensors) hits the cache and is right;
     # the knockout replays case 0, so the remembered output shows through the poisoned kernels.
-    "cache_by_content": (candidate(
-        "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
-        "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
-        extra="CACHE = {}"), "decoy_kernel"),
+    "cache_by_content": (
+        candidate(
+            "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
+            "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
+            extra="CACHE = {}",
+        ),
+        "decoy_kernel",
+    ),
     # Returns nothing on the refresh trial (the fourth call), hoping a trial without output is taken for one never run.
-    "skips_the_refresh_trial": (candidate(
-        "CALLS.append(1)\nif len(CALLS) == 4:\n    return None\nreturn launch_relu(x, torch.empty_like(x))", extra="CALLS = []"),
-        "cross_call_cache"),
+    "skips_the_refresh_trial": (
+        candidate(
+            "CALLS.append(1)\nif len(CALLS) == 4:\n    return None\nreturn launch_relu(x, torch.empty_like(x))",
+            extra="CALLS = []",
+        ),
+        "cross_call_cache",
+    ),
     "mutates_input": (candidate("return launch_relu(x, x)"), "input_mutation"),
-    "patches_timer_statically": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import time\ntime.perf_counter = lambda: 0.0"),
-                                 "forbidden_import"),
-    "patches_torch_through_an_alias": (candidate(
-        "return launch_relu(x, torch.empty_like(x))", extra="cuda = torch.cuda\ncuda.synchronize = lambda *a, **k: None"),
-        "harness_tampering"),
-    "patches_event_timing": (candidate(
-        "return launch_relu(x, torch.empty_like(x))", extra="torch.cuda.Event.elapsed_time = lambda self, end: 1e-6"),
-        "harness_tampering"),
-    "enables_tf32": (candidate("return launch_relu(x, torch.empty_like(x))", extra="torch.backends.cuda.matmul.allow_tf32 = True"),
-                     "precision_downgrade"),
-    "computes_in_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out).float()"), "incorrect"),
+    "patches_timer_statically": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="import time\ntime.perf_counter = lambda: 0.0"),
+        "forbidden_import",
+    ),
+    "patches_torch_through_an_alias": (
+        candidate(
+            "return launch_relu(x, torch.empty_like(x))", extra="cuda = torch.cuda\ncuda.synchronize = lambda *a, **k: None"
+        ),
+        "harness_tampering",
+    ),
+    "patches_event_timing": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="torch.cuda.Event.elapsed_time = lambda self, end: 1e-6"),
+        "harness_tampering",
+    ),
+    "enables_tf32": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="torch.backends.cuda.matmul.allow_tf32 = True"),
+        "precision_downgrade",
+    ),
+    "computes_in_half_precision": (
+        candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out).float()"),
+        "incorrect",
+    ),
     "returns_half_precision": (candidate("out = torch.empty_like(x.half())\nreturn launch_relu(x.half(), out)"), "incorrect"),
     # On a GPU the caching allocator hands back the block an earlier call's output lay in, so the
     # trials can see right answers; the refresh trial (new values, same tensors) shows them stale.
-    "returns_uninitialised_memory": (candidate("launch_relu(x[:8], torch.empty_like(x[:8]))\nreturn torch.empty_like(x)"),
-                                     ("incorrect", "cross_call_cache")),
+    "returns_uninitialised_memory": (
+        candidate("launch_relu(x[:8], torch.empty_like(x[:8]))\nreturn torch.empty_like(x)"),
+        ("incorrect", "cross_call_cache"),
+    ),
     "walks_the_heap": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import gc"), "forbidden_import"),
     "starts_a_thread": (candidate("return launch_relu(x, torch.empty_like(x))", extra="import threading"), "forbidden_import"),
     "dynamic_code": (candidate("return eval('launch_relu')(x, torch.empty_like(x))"), "forbidden_call"),
     # Ways around the import allow-list and the file rules that an attribute or an alias opens.
-    "modules_through_getattr": (candidate("return launch_relu(x, torch.empty_like(x))",
-                                          extra="MODULES = getattr(torch.sys, 'modules')"), ("harness_tampering", "forbidden_import")),
-    "os_as_an_attribute": (candidate("return launch_relu(x, torch.empty_like(x))", extra="HERE = torch.os.getcwd()"), "forbidden_import"),
-    "saves_through_an_alias": (candidate("T.save(x, 'output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))", extra="T = torch"),
-                               "harness_tampering"),
-    "writes_a_file_from_an_array": (candidate("x.numpy().tofile('output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))"),
-                                    "forbidden_call"),
-    "patches_a_method_with_setattr": (candidate("return launch_relu(x, torch.empty_like(x))",
-                                                extra="setattr(torch.Tensor, 'clone', lambda self: self)"), "harness_tampering"),
-    "reimplements_an_aten_op": (candidate("return launch_relu(x, torch.empty_like(x))",
-                                          extra="LIB = torch.library.Library('aten', 'IMPL')"), "harness_tampering"),
+    "modules_through_getattr": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="MODULES = getattr(torch.sys, 'modules')"),
+        ("harness_tampering", "forbidden_import"),
+    ),
+    "os_as_an_attribute": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="HERE = torch.os.getcwd()"),
+        "forbidden_import",
+    ),
+    "saves_through_an_alias": (
+        candidate("T.save(x, 'output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))", extra="T = torch"),
+        "harness_tampering",
+    ),
+    "writes_a_file_from_an_array": (
+        candidate("x.numpy().tofile('output_0.pt')\nreturn launch_relu(x, torch.empty_like(x))"),
+        "forbidden_call",
+    ),
+    "patches_a_method_with_setattr": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="setattr(torch.Tensor, 'clone', lambda self: self)"),
+        "harness_tampering",
+    ),
+    "reimplements_an_aten_op": (
+        candidate("return launch_relu(x, torch.empty_like(x))", extra="LIB = torch.library.Library('aten', 'IMPL')"),
+        "harness_tampering",
+    ),
 }
 
 
@@ -128,13 +197,16 @@ def hacks_not_caught(verdicts: list) -> list[str]:  # type: ignore[type-arg]
     failures = []
     for (name, (_, expected)), verdict in zip(HACKS.items(), verdicts):
         acceptable = expected if isinstance(expected, tuple) else (expected,)
-        if verdict.correct or not {verdict.guard, verdict.status} & set(acceptable) or (
-                verdict.status == "rejected" and not (verdict.guard and verdict.reason)):
+        if (
+            verdict.correct
+            or not {verdict.guard, verdict.status} & set(acceptable)
+            or (verdict.status == "rejected" and not (verdict.guard and verdict.reason))
+        ):
             failures.append(f"{name}: expected {expected}, got {verdict.status}/{verdict.guard}: {verdict.reason}")
     return failures
 
 
-COPY_KERNEL = '''
+COPY_KERNEL = """
 @triton.jit
 def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -145,7 +217,7 @@ def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def launch_copy(x, out):
     copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
     return out
-'''
+"""
 
 
 def module(reference_forward: str, inputs: str, init: str = "[]", init_body: str = "") -> str:
@@ -153,9 +225,11 @@ def module(reference_forward: str, inputs: str, init: str = "[]", init_body: str
     forward = "\n".join("        " + line for line in reference_forward.strip().splitlines())
     setup = "\n".join("        " + line for line in init_body.strip().splitlines()) if init_body else ""
     init_args = "self, *args" if init != "[]" else "self"
-    return (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__({init_args}):\n"
-            f"        super().__init__()\n{setup}\n\n    def forward(self, *inputs):\n{forward}\n\n\n"
-            f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return {init}\n")
+    return (
+        f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__({init_args}):\n"
+        f"        super().__init__()\n{setup}\n\n    def forward(self, *inputs):\n{forward}\n\n\n"
+        f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return {init}\n"
+    )
 
 
 def kernel_candidate(forward: str, kernels: str = COPY_KERNEL, signature: str = "self, *inputs") -> str:

@@ -15,8 +15,12 @@ import httpx
 @contextmanager
 def serve(app: str, port: int) -> Iterator[str]:
     """uvicorn as ``kernelzero up`` runs it, until its readiness check answers."""
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--port", str(port)], env=dict(os.environ),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", app, "--port", str(port)],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

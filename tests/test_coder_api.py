@@ -10,14 +10,14 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from reward_cases import RELU_REFERENCE
+from servers import serve
 from services.clients import CoderClient, RewardClient
 from services.config import Settings
 from services.db.models import Candidate, ModelVersion, Score, Task
 from services.db.session import session_scope
 from services.schemas.coder import KernelRequest, ModelSwitch
 from services.schemas.reward import ScoreOptions
-from reward_cases import RELU_REFERENCE
-from servers import serve
 from tiny_lm import build_lora, build_tiny_lm
 
 
@@ -71,11 +71,13 @@ def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:
 
 
 def test_bad_input_and_unknown_ids(coder_api: str) -> None:
-    bad = [({"module": "def get_inputs():\n    return []\n"}, "Model"),
-           ({"module": "class Model(:\n"}, "not valid Python"),
-           ({"module": RELU_REFERENCE, "n": 0}, "n"),
-           ({"module": RELU_REFERENCE, "backend": "opencl"}, "backend"),
-           ({"module": RELU_REFERENCE, "model_backend": "gpt"}, "model_backend")]
+    bad = [
+        ({"module": "def get_inputs():\n    return []\n"}, "Model"),
+        ({"module": "class Model(:\n"}, "not valid Python"),
+        ({"module": RELU_REFERENCE, "n": 0}, "n"),
+        ({"module": RELU_REFERENCE, "backend": "opencl"}, "backend"),
+        ({"module": RELU_REFERENCE, "model_backend": "gpt"}, "model_backend"),
+    ]
     for body, word in bad:
         response = httpx.post(f"{coder_api}/v1/kernels", json=body, timeout=10)
         assert response.status_code == 422, (body, response.text)
@@ -92,8 +94,14 @@ def test_model_switch_reaches_the_next_job(coder_api: str, tmp_path: Path) -> No
     assert default["id"] is None and default["backend"] == "template"
     model_dir = build_tiny_lm(tmp_path / "tiny-lm")
     adapters = {name: build_lora(model_dir, tmp_path / name, seed=i) for i, name in enumerate(("lora-a", "lora-b"))}
-    body = {"module": RELU_REFERENCE, "n": 1, "wait_s": 120, "model_backend": "hf",
-            "sampling": {"max_tokens": 16, "seed": 0}, "scoring": {"device": "cpu"}}
+    body = {
+        "module": RELU_REFERENCE,
+        "n": 1,
+        "wait_s": 120,
+        "model_backend": "hf",
+        "sampling": {"max_tokens": 16, "seed": 0},
+        "scoring": {"device": "cpu"},
+    }
     seen = []
     with CoderClient(base_url=coder_api) as client:
         for name, path in adapters.items():

@@ -16,19 +16,20 @@ import pytest
 
 from coder_svc.best_of_n import LocalScorer
 from coder_svc.evaluation.harness import Harness, discover
-from coder_svc.generators import build_generator
-from coder_svc.models.base import Sampling
-from reward_svc.evaluate import Evaluator
-from services.schemas.reward import ScoreOptions
 from coder_svc.evaluation.report import write_report
+from coder_svc.generators import build_generator
 from processes import leftovers
+from reward_svc.evaluate import Evaluator
 from services.config import Settings
+from services.llm.chat import Sampling
+from services.schemas.reward import ScoreOptions
 
 KERNELZERO = str(Path(sys.executable).with_name("kernelzero"))
 
 HEADER = "import torch\nimport torch.nn as nn\n\n\n"
 PROBLEMS = {
-    "1_ReLU.py": HEADER + '''class Model(nn.Module):
+    "1_ReLU.py": HEADER
+    + """class Model(nn.Module):
     def forward(self, x):
         return torch.relu(x)
 
@@ -39,8 +40,9 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-''',
-    "2_Softmax.py": HEADER + '''class Model(nn.Module):
+""",
+    "2_Softmax.py": HEADER
+    + """class Model(nn.Module):
     def forward(self, x):
         return torch.softmax(x, dim=1)
 
@@ -51,8 +53,9 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-''',
-    "3_Matmul.py": HEADER + '''class Model(nn.Module):
+""",
+    "3_Matmul.py": HEADER
+    + """class Model(nn.Module):
     def forward(self, a, b):
         return torch.matmul(a, b)
 
@@ -63,7 +66,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-''',
+""",
 }
 
 
@@ -78,9 +81,29 @@ def problems(kz_env: Callable[..., Settings], tmp_path: Path) -> Path:
 
 
 def _eval(problems: Path, out: Path, samples: int = 2) -> subprocess.Popen[str]:
-    return subprocess.Popen([KERNELZERO, "eval", "--problems", str(problems), "--backend", "triton", "--samples", str(samples),
-                             "--model-backend", "template", "--device", "cpu", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+    return subprocess.Popen(
+        [
+            KERNELZERO,
+            "eval",
+            "--problems",
+            str(problems),
+            "--backend",
+            "triton",
+            "--samples",
+            str(samples),
+            "--model-backend",
+            "template",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+        start_new_session=True,
+    )
 
 
 def _lines(out: Path) -> list[str]:
@@ -134,9 +157,11 @@ def test_eval_reports_and_resumes(problems: Path, tmp_path: Path) -> None:
     stdout, stderr = second.communicate(timeout=300)
     assert second.returncode == 0, stderr[-3000:]
     after = _lines(out)
-    assert after[:len(before)] == before  # finished samples were kept, not redone
+    assert after[: len(before)] == before  # finished samples were kept, not redone
     records = [json.loads(line) for line in after]
-    assert sorted((r["problem"], r["sample"]) for r in records) == [(p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)]
+    assert sorted((r["problem"], r["sample"]) for r in records) == [
+        (p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)
+    ]
 
     summary = json.loads((out / "summary.json").read_text())
     by_problem = {r["problem"]: r for r in records}
@@ -171,9 +196,25 @@ def test_discover_kernelbench_tree(tmp_path: Path) -> None:
 def test_generate_json(problems: Path) -> None:
     outputs = {}
     for name in ("1_ReLU.py", "3_Matmul.py"):
-        run = subprocess.run([KERNELZERO, "generate", str(problems / name), "--backend", "triton", "-n", "2",
-                              "--model-backend", "template", "--device", "cpu", "--json"],
-                             capture_output=True, text=True, timeout=240)
+        run = subprocess.run(
+            [
+                KERNELZERO,
+                "generate",
+                str(problems / name),
+                "--backend",
+                "triton",
+                "-n",
+                "2",
+                "--model-backend",
+                "template",
+                "--device",
+                "cpu",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         outputs[name] = json.loads(run.stdout)
     relu, matmul = outputs["1_ReLU.py"], outputs["3_Matmul.py"]
@@ -185,13 +226,28 @@ def test_generate_json(problems: Path) -> None:
 
 def test_report_with_measured_speedups(tmp_path: Path) -> None:
     """As on a GPU: two levels, speedups measured; the table and the plot's fast_p curve."""
-    def record(problem: str, level: int, sample: int, correct: bool, speedup: float | None) -> dict[str, object]:
-        return {"problem": problem, "level": level, "sample": sample, "status": "correct" if correct else "incorrect",
-                "correct": correct, "speedup": speedup, "generation_s": 0.5, "evaluation_s": 2.0, "overhead_s": 0.01}
 
-    records = [record("level1/1_A", 1, 0, True, 2.0), record("level1/1_A", 1, 1, False, None),
-               record("level1/2_B", 1, 0, True, 0.5), record("level1/2_B", 1, 1, True, 1.6),
-               record("level2/1_C", 2, 0, False, None), record("level2/1_C", 2, 1, False, None)]
+    def record(problem: str, level: int, sample: int, correct: bool, speedup: float | None) -> dict[str, object]:
+        return {
+            "problem": problem,
+            "level": level,
+            "sample": sample,
+            "status": "correct" if correct else "incorrect",
+            "correct": correct,
+            "speedup": speedup,
+            "generation_s": 0.5,
+            "evaluation_s": 2.0,
+            "overhead_s": 0.01,
+        }
+
+    records = [
+        record("level1/1_A", 1, 0, True, 2.0),
+        record("level1/1_A", 1, 1, False, None),
+        record("level1/2_B", 1, 0, True, 0.5),
+        record("level1/2_B", 1, 1, True, 1.6),
+        record("level2/1_C", 2, 0, False, None),
+        record("level2/1_C", 2, 1, False, None),
+    ]
     summary = write_report(records, 2, {"model": "m", "backend": "triton", "problems_dir": "kb"}, tmp_path)
     level1 = summary["levels"]["level 1"]
     assert level1["pass_at_k"]["1"] == pytest.approx(0.75) and level1["pass_at_k"]["2"] == 1.0
@@ -204,8 +260,9 @@ def test_report_with_measured_speedups(tmp_path: Path) -> None:
     assert (tmp_path / "summary.png").stat().st_size > 10_000
 
 
-def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable[..., Settings], free_port: Callable[[], int],
-                                          problems: Path, tmp_path: Path) -> None:
+def test_errors_are_recorded_then_retried(
+    evaluator: Evaluator, kz_env: Callable[..., Settings], free_port: Callable[[], int], problems: Path, tmp_path: Path
+) -> None:
     """An endpoint that does not answer gives error records (the run goes on); the next run redoes
     them, and keeps verdicts unless their status is one it was asked to redo."""
     settings = kz_env(coder_openai_base_url=f"http://127.0.0.1:{free_port()}/v1", coder_model="nobody", coder_max_retries=0)
@@ -213,8 +270,16 @@ def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable
     out = tmp_path / "eval"
 
     def run(kind: str, redo: frozenset[str] = frozenset()) -> list[dict[str, object]]:
-        harness = Harness(build_generator(kind, settings), LocalScorer(evaluator), "triton", 1, ScoreOptions(device="cpu"),  # type: ignore[arg-type]
-                          Sampling(n=1), out, redo=redo)
+        harness = Harness(
+            build_generator(kind, settings),
+            LocalScorer(evaluator),
+            "triton",
+            1,
+            ScoreOptions(device="cpu"),  # type: ignore[arg-type]
+            Sampling(n=1),
+            out,
+            redo=redo,
+        )
         return harness.run(relu)
 
     [failed] = run("openai")
@@ -231,10 +296,20 @@ def test_errors_are_recorded_then_retried(evaluator: Evaluator, kz_env: Callable
 def test_concurrent_eval_scores_every_problem_once(evaluator: Evaluator, problems: Path, tmp_path: Path) -> None:
     """Problems scored in threads on one evaluator: one whole JSON line per sample, verdicts as alone."""
     out = tmp_path / "eval"
-    harness = Harness(build_generator("template", evaluator.settings), LocalScorer(evaluator), "triton", 2,
-                      ScoreOptions(device="cpu"), Sampling(n=2), out, concurrency=3)
+    harness = Harness(
+        build_generator("template", evaluator.settings),
+        LocalScorer(evaluator),
+        "triton",
+        2,
+        ScoreOptions(device="cpu"),
+        Sampling(n=2),
+        out,
+        concurrency=3,
+    )
     records = harness.run(discover(problems))
     lines = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert sorted((r["problem"], r["sample"]) for r in lines) == [(p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)]
+    assert sorted((r["problem"], r["sample"]) for r in lines) == [
+        (p, s) for p in ("1_ReLU", "2_Softmax", "3_Matmul") for s in (0, 1)
+    ]
     status = {r["problem"]: r["status"] for r in records}
     assert status == {"1_ReLU": "correct", "2_Softmax": "correct", "3_Matmul": "declined"}

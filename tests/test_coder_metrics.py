@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from services.schemas.coder import CandidateReport
-from services.schemas.reward import VerdictOut
-
-from coder_svc.best_of_n import pick_best, summarize as summarize_best
+from coder_svc.best_of_n import pick_best
+from coder_svc.best_of_n import summarize as summarize_best
 from coder_svc.evaluation.metrics import Outcome, fast_p, geometric_mean_speedup, mean_pass_at_k, pass_at_k, summarize
+from services.schemas.coder import CandidateReport
+from services.schemas.reward import ScoredVerdict
 
 C, W = Outcome(True), Outcome(False)
 
@@ -32,7 +32,7 @@ def test_pass_at_k_unbiased_estimator() -> None:
 
 def test_fast_p_one_attempt_and_best_of_n() -> None:
     problems = [
-        [Outcome(True, 2.5), Outcome(True, 0.5)],   # one of two samples beats 1x and 2x
+        [Outcome(True, 2.5), Outcome(True, 0.5)],  # one of two samples beats 1x and 2x
         [Outcome(True, 1.2), Outcome(False, None)],
         [Outcome(False, None), Outcome(False, None)],
     ]
@@ -63,15 +63,34 @@ def test_summary_holds_every_metric() -> None:
 
 
 def _report(index: int, status: str | None, speedup: float | None = None, reward: float = 0.0) -> CandidateReport:
-    verdict = None if status is None else VerdictOut(status=status, correct=status == "correct", reason=status,  # type: ignore[arg-type]
-                                                     reward=reward, speedup=speedup)
-    return CandidateReport(index=index, model="m", source=None if status is None else f"src{index}",
-                           declined="nothing to say" if status is None else None, verdict=verdict)
+    verdict = (
+        None
+        if status is None
+        else ScoredVerdict(
+            status=status,
+            correct=status == "correct",
+            reason=status,  # type: ignore[arg-type]
+            reward=reward,
+            speedup=speedup,
+        )
+    )
+    return CandidateReport(
+        index=index,
+        model="m",
+        source=None if status is None else f"src{index}",
+        declined="nothing to say" if status is None else None,
+        verdict=verdict,
+    )
 
 
 def test_best_of_n_prefers_correct_then_measured_speed() -> None:
-    reports = [_report(0, "incorrect", 9.0), _report(1, "correct", None, 1.0), _report(2, "correct", 1.5, 1.2),
-               _report(3, "correct", 2.5, 1.0), _report(4, None)]
+    reports = [
+        _report(0, "incorrect", 9.0),
+        _report(1, "correct", None, 1.0),
+        _report(2, "correct", 1.5, 1.2),
+        _report(3, "correct", 2.5, 1.0),
+        _report(4, None),
+    ]
     best = pick_best(reports)
     assert best is not None and best.index == 3  # fastest correct, not the faster incorrect one
     assert pick_best(reports[:2]) is reports[1]

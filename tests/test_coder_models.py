@@ -21,17 +21,18 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from coder_svc.generators import LLMKernelGenerator, build_chat_model, build_generator, switch_model
-from coder_svc.models.base import Sampling
-from coder_svc.models.hf_local import HFChatModel
-from coder_svc.models.openai_chat import ModelBackendError, OpenAIChatModel
-from coder_svc.openai_server import create_openai_app
+from coder_svc.generators import LLMKernelGenerator, build_generator, switch_model
 from services.config import Settings
+from services.llm.chat import Sampling
+from services.llm.factory import build_chat_model
+from services.llm.hf_local import HFChatModel
+from services.llm.openai_chat import ModelBackendError, OpenAIChatModel
+from services.llm.openai_server import create_openai_app
 from tiny_lm import build_lora, build_tiny_lm
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write a relu kernel."}]
 GREEDY = Sampling(n=1, temperature=0.0, max_tokens=12)
-RELU_MODULE = '''import torch
+RELU_MODULE = """import torch
 import torch.nn as nn
 
 
@@ -46,7 +47,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 PROGRAM_REPLY = """Let me fuse it.
 
 ```python
@@ -76,7 +77,11 @@ class ModelNew(nn.Module):
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-lm")
     model = build_tiny_lm(root / "tiny")
-    return {"model": model, "lora_a": build_lora(model, root / "lora-a", seed=1), "lora_b": build_lora(model, root / "lora-b", seed=2)}
+    return {
+        "model": model,
+        "lora_a": build_lora(model, root / "lora-a", seed=1),
+        "lora_b": build_lora(model, root / "lora-b", seed=2),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +123,9 @@ def test_hf_samples_differ_and_a_seed_repeats_them(hf: HFChatModel) -> None:
     first = hf.complete(MESSAGES, sampling)
     assert len(first) == 4 and len({c.text for c in first}) == 4
     assert hf.complete(MESSAGES, sampling) == first
-    assert [c.text for c in hf.complete(MESSAGES, Sampling(n=4, temperature=1.0, max_tokens=12, seed=8))] != [c.text for c in first]
+    assert [c.text for c in hf.complete(MESSAGES, Sampling(n=4, temperature=1.0, max_tokens=12, seed=8))] != [
+        c.text for c in first
+    ]
     assert {c.model for c in first} == {"tiny"}
     assert first[0].model_version == hf.base_version and hf.base_version.startswith("tiny@")
     assert {c.finish_reason for c in first} <= {"stop", "length"}
@@ -230,8 +237,17 @@ def test_llm_generator_over_http_records_model_prompt_and_declines(served: tuple
 def test_coder_serve_command(tiny: dict[str, Path], free_port: Callable[[], int]) -> None:
     """``kernelzero coder serve`` in its own process: the model list and a chat completion with usage."""
     port = free_port()
-    command = [str(Path(sys.executable).parent / "kernelzero"), "coder", "serve", "--model", str(tiny["model"]),
-               "--lora", str(tiny["lora_a"]), "--port", str(port)]
+    command = [
+        str(Path(sys.executable).parent / "kernelzero"),
+        "coder",
+        "serve",
+        "--model",
+        str(tiny["model"]),
+        "--lora",
+        str(tiny["lora_a"]),
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -244,8 +260,11 @@ def test_coder_serve_command(tiny: dict[str, Path], free_port: Callable[[], int]
                 assert time.monotonic() < deadline, "kernelzero coder serve did not come up"
                 time.sleep(0.25)
         assert [m["id"] for m in models] == ["tiny", "lora-a"] and models[1]["parent"] == "tiny"
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-            "model": "lora-a", "messages": MESSAGES, "n": 2, "max_tokens": 5, "temperature": 0.0}).json()
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=60,
+            json={"model": "lora-a", "messages": MESSAGES, "n": 2, "max_tokens": 5, "temperature": 0.0},
+        ).json()
         assert answer["model"] == "lora-a" and len(answer["choices"]) == 2
         assert answer["choices"][0]["message"]["content"] == answer["choices"][1]["message"]["content"]  # greedy
         usage = answer["usage"]
@@ -262,8 +281,15 @@ def test_coder_serve_command(tiny: dict[str, Path], free_port: Callable[[], int]
 class Script:
     """A chat server whose answers a test scripts: statuses to return first, then completions."""
 
-    def __init__(self, statuses: list[int] | None = None, reply: str = "ok", refuse_n: bool = False,
-                 ignore_n: bool = False, delay_s: float = 0.0, retry_after: str | None = None) -> None:
+    def __init__(
+        self,
+        statuses: list[int] | None = None,
+        reply: str = "ok",
+        refuse_n: bool = False,
+        ignore_n: bool = False,
+        delay_s: float = 0.0,
+        retry_after: str | None = None,
+    ) -> None:
         self.statuses = list(statuses or [])
         self.reply, self.refuse_n, self.ignore_n, self.delay_s, self.retry_after = reply, refuse_n, ignore_n, delay_s, retry_after
         self.requests: list[dict[str, Any]] = []
@@ -275,7 +301,10 @@ class Script:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {"object": "list", "data": [{"id": "scripted", "object": "model", "root": "/models/scripted-7b", "parent": None}]}
+            return {
+                "object": "list",
+                "data": [{"id": "scripted", "object": "model", "root": "/models/scripted-7b", "parent": None}],
+            }
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> JSONResponse:
@@ -293,16 +322,30 @@ class Script:
             await asyncio.sleep(self.delay_s)
             self.in_flight -= 1
             n = 1 if self.ignore_n else body.get("n", 1)
-            return JSONResponse({
-                "id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
-                "choices": [{"index": i, "message": {"role": "assistant", "content": f"{self.reply} seed={body.get('seed')}"},
-                             "finish_reason": "stop"} for i in range(n)]})
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "scripted",
+                    "choices": [
+                        {
+                            "index": i,
+                            "message": {"role": "assistant", "content": f"{self.reply} seed={body.get('seed')}"},
+                            "finish_reason": "stop",
+                        }
+                        for i in range(n)
+                    ],
+                }
+            )
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(request: Request) -> JSONResponse:
             name = (await request.json())["lora_name"]
             if name == "held":  # what vLLM answers when another worker loaded it first
-                return JSONResponse({"error": {"message": f"The lora adapter '{name}' has already been loaded."}}, status_code=400)
+                return JSONResponse(
+                    {"error": {"message": f"The lora adapter '{name}' has already been loaded."}}, status_code=400
+                )
             return JSONResponse({"error": {"message": f"No adapter found at the path for '{name}'."}}, status_code=400)
 
         return app
@@ -350,8 +393,9 @@ def test_400_fails_at_once_with_the_server_message() -> None:
 
 
 def test_unreachable_server_fails_after_the_retries(free_port: Callable[[], int]) -> None:
-    client = OpenAIChatModel(f"http://127.0.0.1:{free_port()}/v1", "scripted", max_retries=2, backoff_base_s=0.01,
-                             connect_timeout_s=1)
+    client = OpenAIChatModel(
+        f"http://127.0.0.1:{free_port()}/v1", "scripted", max_retries=2, backoff_base_s=0.01, connect_timeout_s=1
+    )
     with pytest.raises(ModelBackendError) as error:
         client.complete(MESSAGES, Sampling())
     assert error.value.status is None and "after 3 attempts" in str(error.value) and "ConnectError" in str(error.value)
@@ -388,8 +432,13 @@ def test_server_ignoring_n_is_topped_up_and_threads_share_the_bound() -> None:
 def test_factory_builds_each_backend_from_settings(tiny: dict[str, Path]) -> None:
     script = Script(reply=PROGRAM_REPLY)
     with serving(script.app()) as url:
-        settings = Settings(coder_model_backend="openai", coder_openai_base_url=url, coder_openai_api_key="sk-test-123",
-                            coder_max_concurrency=3, coder_max_retries=1)
+        settings = Settings(
+            coder_model_backend="openai",
+            coder_openai_base_url=url,
+            coder_openai_api_key="sk-test-123",
+            coder_max_concurrency=3,
+            coder_max_retries=1,
+        )
         generator = build_generator(settings=settings)
         assert isinstance(generator, LLMKernelGenerator) and generator.chat_model.max_concurrency == 3
         [draft] = generator.generate(RELU_MODULE, "triton", Sampling(n=1))

@@ -32,7 +32,14 @@ def restore_load_inline():
 
 
 def kb_request(**overrides) -> kzc.InlineRequest:
-    args = dict(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], extra_cflags=[""], extra_ldflags=[""])
+    args = dict(
+        name="elementwise_add",
+        cpp_sources=KB_CPP,
+        cuda_sources=KB_CUDA,
+        functions=["elementwise_add_cuda"],
+        extra_cflags=[""],
+        extra_ldflags=[""],
+    )
     args.update(overrides)
     return kzc.make_request(**args)
 
@@ -134,7 +141,7 @@ def test_compiled_only_stand_in_for_candidate_bindings() -> None:
     with pytest.raises(RuntimeError, match="compiled only: no GPU here"):
         module.anything(1)
     with pytest.raises(AttributeError):
-        module.__wrapped__
+        _ = module.__wrapped__
 
 
 @pytest.mark.slow
@@ -143,7 +150,15 @@ def test_kernelbench_source_compiles_only_with_real_nvcc(tmp_path: Path) -> None
     log = kzc.install_fast_load_inline(tmp_path, compile_only=True)
     from torch.utils.cpp_extension import load_inline
 
-    module = load_inline(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], verbose=True, extra_cflags=[""], extra_ldflags=[""])
+    module = load_inline(
+        name="elementwise_add",
+        cpp_sources=KB_CPP,
+        cuda_sources=KB_CUDA,
+        functions=["elementwise_add_cuda"],
+        verbose=True,
+        extra_cflags=[""],
+        extra_ldflags=[""],
+    )
     (entry,) = log.entries
     assert entry.ok and not entry.cache_hit, entry.stderr_tail
     assert entry.strategy.startswith("cpp:minimal(") and " cu:minimal(" in entry.strategy and "failed" not in entry.strategy
@@ -166,14 +181,17 @@ def test_light_tier_failure_falls_back_to_the_candidates_headers(tmp_path: Path)
 def test_cpp_extension_links_imports_and_runs(tmp_path: Path) -> None:
     # The full path minus CUDA: minimal-tier headers, generated bindings, torch's link flags, import.
     log = kzc.install_fast_load_inline(tmp_path)
-    source = "torch::Tensor add_one(torch::Tensor x) { TORCH_CHECK(x.dim() == 1, \"1-d only\"); return x.add(1); }"
+    source = 'torch::Tensor add_one(torch::Tensor x) { TORCH_CHECK(x.dim() == 1, "1-d only"); return x.add(1); }'
     module = cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"])
     torch.testing.assert_close(module.add_one(torch.zeros(3)), torch.ones(3))
     with pytest.raises(RuntimeError, match="1-d only"):  # torch errors cross the binding as RuntimeError
         module.add_one(torch.zeros(2, 2))
     (entry,) = log.entries
     assert entry.strategy.startswith("cpp:minimal(") and "link(" in entry.strategy
-    assert cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"]).add_one(torch.ones(1)).item() == 2
+    assert (
+        cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"]).add_one(torch.ones(1)).item()
+        == 2
+    )
     assert log.entries[1].cache_hit and log.entries[1].seconds < 0.5
 
 
@@ -183,7 +201,14 @@ def test_gpu_compile_load_run_then_cache_hit(tmp_path: Path) -> None:
     log = kzc.install_fast_load_inline(tmp_path)
     from torch.utils.cpp_extension import load_inline
 
-    kwargs = dict(name="elementwise_add", cpp_sources=KB_CPP, cuda_sources=KB_CUDA, functions=["elementwise_add_cuda"], extra_cflags=[""], extra_ldflags=[""])
+    kwargs = dict(
+        name="elementwise_add",
+        cpp_sources=KB_CPP,
+        cuda_sources=KB_CUDA,
+        functions=["elementwise_add_cuda"],
+        extra_cflags=[""],
+        extra_ldflags=[""],
+    )
     module = load_inline(**kwargs)
     a, b = torch.randn(10_000, device="cuda"), torch.randn(10_000, device="cuda")
     torch.testing.assert_close(module.elementwise_add_cuda(a, b), a + b)
@@ -205,8 +230,11 @@ def test_nvcc_front_ends_in_parallel_match_plain_nvcc(tmp_path: Path) -> None:
     source = tmp_path / "cuda.cu"
     source.write_text(PLAIN_CUDA)
     cmd = [nvcc, "-gencode=arch=compute_90,code=sm_90"]
-    dry = subprocess.run([*cmd, "-c", str(source), "-o", str(tmp_path / "x.o"), "--dryrun", "--keep", "--keep-dir", str(tmp_path)],
-                                     capture_output=True, text=True)
+    dry = subprocess.run(
+        [*cmd, "-c", str(source), "-o", str(tmp_path / "x.o"), "--dryrun", "--keep", "--keep-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     phases = nvcc_phases.parse_dryrun(dry.stdout + dry.stderr)
     assert phases is not None and "--gen_module_id_file" not in " ".join(phases.host)
     result = nvcc_phases.compile_cu(cmd, source, tmp_path / "par.o", tmp_path)
@@ -221,7 +249,9 @@ def test_nvcc_parallel_plan_reports_compile_errors_like_nvcc(tmp_path: Path) -> 
 
     source = tmp_path / "broken.cu"
     source.write_text("__global__ void k(float* x) { x[0] = undefined_name; }\n")
-    result = nvcc_phases.compile_cu([kzc._nvcc(kzc._cuda_home(cpp_extension)), "-gencode=arch=compute_90,code=sm_90"], source, tmp_path / "b.o", tmp_path)
+    result = nvcc_phases.compile_cu(
+        [kzc._nvcc(kzc._cuda_home(cpp_extension)), "-gencode=arch=compute_90,code=sm_90"], source, tmp_path / "b.o", tmp_path
+    )
     assert result.returncode != 0 and "undefined_name" in result.stderr
 
 

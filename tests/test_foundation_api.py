@@ -139,7 +139,7 @@ def test_probe_rejects_bad_input_with_reasons(platform_env: Callable[..., Settin
 def test_apikey_cli_creates_admin_keys_on_request(platform_env: Callable[..., Settings]) -> None:
     from typer.testing import CliRunner
 
-    from services.cli.main import app
+    from kernelzero.cli import app
 
     runner = CliRunner()
     plain, admin = (runner.invoke(app, ["apikey", "create", name, *flags]) for name, flags in (("ci", []), ("ops", ["--admin"])))

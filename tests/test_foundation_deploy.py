@@ -52,7 +52,9 @@ def k8s_documents() -> list[dict[str, Any]]:
 def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    expected = {"redis", "postgres", "migrate", "reward-gpu-worker"} | {f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")}
+    expected = {"redis", "postgres", "migrate", "reward-gpu-worker"} | {
+        f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")
+    }
     assert set(services) == expected
     assert services["migrate"]["command"] == ["kernelzero", "db", "upgrade"]
     for service in SERVICE_NAMES:

@@ -49,7 +49,9 @@ def wait_for_running(job_id: str, attempt: int) -> int:
         time.sleep(0.02)
 
 
-def test_probe_round_trip_through_http_worker_and_database(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:
+def test_probe_round_trip_through_http_worker_and_database(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
     platform_env(auth_enabled=False)
     worker = start_worker("trainer")
     response = TestClient(create_service_app("trainer")).post("/v1/probe", json={"token": "round-trip"})
@@ -66,7 +68,9 @@ def test_probe_round_trip_through_http_worker_and_database(platform_env: Callabl
     assert job.started_at is not None and job.finished_at is not None and job.finished_at >= job.started_at
 
 
-def test_resubmission_returns_the_same_job_and_does_the_work_once(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:
+def test_resubmission_returns_the_same_job_and_does_the_work_once(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
     worker = start_worker("trainer")
     first = submit_job(PROBE, {"token": "once", "sleep_s": 0.5}, TRAINING)
     again = submit_job(PROBE, {"sleep_s": 0.5, "token": "once"}, TRAINING)  # key order does not matter
@@ -92,7 +96,9 @@ def test_resubmission_returns_the_same_job_and_does_the_work_once(platform_env: 
     assert redis.Redis.from_url(platform_env().redis_url).llen(TRAINING) == 0
 
 
-def test_sigkilled_job_is_redelivered_and_completes_once(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:
+def test_sigkilled_job_is_redelivered_and_completes_once(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
     worker = start_worker("trainer")
     job = submit_job(PROBE, {"token": "killed", "sleep_s": 3}, TRAINING)
     victim = wait_for_running(job.id, attempt=1)
@@ -108,7 +114,9 @@ def test_sigkilled_job_is_redelivered_and_completes_once(platform_env: Callable[
     assert worker.log().count('"event": "job.succeeded"') == 1
 
 
-def test_job_whose_worker_always_dies_is_reported_failed(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:
+def test_job_whose_worker_always_dies_is_reported_failed(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
     start_worker("trainer", max_job_attempts=1)
     job = submit_job(PROBE, {"token": "doomed", "sleep_s": 30}, TRAINING)
     os.kill(wait_for_running(job.id, attempt=1), signal.SIGKILL)
@@ -134,7 +142,9 @@ def test_time_limits_end_a_job_as_failed(platform_env: Callable[..., Settings], 
     assert hard.error is not None and hard.error.startswith("TimeLimitExceeded")
 
 
-def test_submission_that_cannot_be_enqueued_leaves_no_orphan(platform_env: Callable[..., Settings], free_port: Callable[[], int]) -> None:
+def test_submission_that_cannot_be_enqueued_leaves_no_orphan(
+    platform_env: Callable[..., Settings], free_port: Callable[[], int]
+) -> None:
     url = platform_env().redis_url
     platform_env(redis_url=f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(Exception, match="Connection refused"):

@@ -21,13 +21,24 @@ import psutil
 import pytest
 
 from processes import leftovers
-from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceError, ServiceUnreachable, TrainerClient
 from services.cli.launcher import run_state_path
+from services.clients import (
+    CoderClient,
+    ProposerClient,
+    RewardClient,
+    ServiceClient,
+    ServiceError,
+    ServiceUnreachable,
+    TrainerClient,
+)
 from services.config import SERVICE_NAMES, Settings
 
 KERNELZERO = Path(sys.executable).with_name("kernelzero")
 CLIENTS: dict[str, type[ServiceClient]] = {
-    "proposer": ProposerClient, "coder": CoderClient, "reward": RewardClient, "trainer": TrainerClient,
+    "proposer": ProposerClient,
+    "coder": CoderClient,
+    "reward": RewardClient,
+    "trainer": TrainerClient,
 }
 
 
@@ -89,7 +100,9 @@ def test_kernelzero_up_serves_all_four_then_stops_clean(
             client.get_job(jobs["trainer"].id)
         assert (refused.value.status_code, refused.value.detail) == (401, "invalid or revoked API key")
 
-        status = subprocess.run([str(KERNELZERO), "status", "--json"], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+        status = subprocess.run(
+            [str(KERNELZERO), "status", "--json"], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+        )
         assert status.returncode == 0, status.stderr
         report = json.loads(status.stdout)
         assert report["services"] == {s: "ready" for s in SERVICE_NAMES}

@@ -35,8 +35,18 @@ def user_tables(url: str) -> set[str]:
 def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Settings]) -> None:
     kz_env()
     model_tables = set(Base.metadata.tables)
-    assert model_tables == {"api_keys", "jobs", "tasks", "candidates", "scores", "rollouts", "model_versions",
-                            "api_corpora", "api_usage", "api_pairs"}
+    assert model_tables == {
+        "api_keys",
+        "jobs",
+        "tasks",
+        "candidates",
+        "scores",
+        "rollouts",
+        "model_versions",
+        "api_corpora",
+        "api_usage",
+        "api_pairs",
+    }
     assert user_tables(database_url) == set()
 
     migrate.upgrade(database_url)
@@ -68,8 +78,13 @@ def test_keys_made_before_admin_scopes_keep_their_access(database_url: str, kz_e
     engine = make_engine(database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO api_keys (id, name, prefix, key_hash, created_at) "
-                              "VALUES ('old', 'ci', 'kz_old', :hash, CURRENT_TIMESTAMP)"), {"hash": "a" * 64})
+            conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, name, prefix, key_hash, created_at) "
+                    "VALUES ('old', 'ci', 'kz_old', :hash, CURRENT_TIMESTAMP)"
+                ),
+                {"hash": "a" * 64},
+            )
         migrate.upgrade(database_url)
         with Session(engine) as session:
             session.add(ApiKey(id="new", name="later", prefix="kz_new", key_hash="b" * 64))

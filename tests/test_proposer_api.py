@@ -14,15 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proposer_svc.mining import directory_corpus, mine, save_stats
+from servers import serve
 from services.clients.proposer import ProposerClient
 from services.config import Settings
 from services.db.models import Candidate, Score
 from services.db.session import session_scope
-from proposer_svc.mining import directory_corpus, mine, save_stats
-from servers import serve
 
 # A small corpus of catalog APIs, mined into the "small" statistics the worker samples from.
-CORPUS = '''
+CORPUS = """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ class Conv(nn.Module):
 
     def forward(self, x):
         return torch.relu(self.conv(x)).mean(dim=1)
-'''
+"""
 
 
 def mine_small_corpus(root: Path) -> None:
@@ -74,8 +74,10 @@ def add_verdicts(task_id: str, outcomes: list[bool]) -> None:
         candidate = Candidate(task_id=task_id, backend="triton", source="# kernel", source_hash="k" * 64)
         session.add(candidate)
         session.flush()
-        session.add_all(Score(candidate_id=candidate.id, status="correct" if ok else "incorrect", correct=ok, reason="test")
-                        for ok in outcomes)
+        session.add_all(
+            Score(candidate_id=candidate.id, status="correct" if ok else "incorrect", correct=ok, reason="test")
+            for ok in outcomes
+        )
 
 
 def test_propose_list_get_and_frontier(proposer_api: str) -> None:

@@ -13,19 +13,21 @@ from typing import Any
 import pytest
 import torch
 
-from coder_svc.models.base import Completion, Message, Sampling
 from proposer_svc.catalog import CATALOG
-from proposer_svc.compose.base import CompositionDeclined, ProposalHints, ProposedModule
+from proposer_svc.compose.base import ProposalHints, ProposedModule
 from proposer_svc.compose.llm import LLMComposer
 from proposer_svc.compose.programmatic import ProgrammaticComposer
 from proposer_svc.sampling import catalog_stats, sample_api_set
 from proposer_svc.stats import ApiStats
+from services.llm.chat import Completion, Message, Sampling
+from services.outcomes import Declined
 
 COMPOSER = ProgrammaticComposer()
 
 
-def run_module(module: ProposedModule, input_seed: int = 0, weight_seed: int = 0,
-               inputs: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor], torch.Tensor]:
+def run_module(
+    module: ProposedModule, input_seed: int = 0, weight_seed: int = 0, inputs: list[torch.Tensor] | None = None
+) -> tuple[Any, list[torch.Tensor], torch.Tensor]:
     namespace: dict[str, Any] = {}
     exec(compile(module.source, "<composed>", "exec"), namespace)
     torch.manual_seed(weight_seed)
@@ -64,18 +66,26 @@ def check_module(module: ProposedModule) -> None:
 
 # --- catalog -----------------------------------------------------------------------------------
 
+
 def test_catalog_is_broad_and_canonical() -> None:
     assert len(CATALOG) >= 80
     kinds = Counter(e.kind for e in CATALOG.values())
-    for kind in ("pointwise", "activation", "binary", "reduction", "softmax", "norm", "linear", "conv", "pool",
-                 "shape", "loss"):
+    for kind in ("pointwise", "activation", "binary", "reduction", "softmax", "norm", "linear", "conv", "pool", "shape", "loss"):
         assert kinds[kind] >= 2, kind
     for name, e in CATALOG.items():
         assert name.startswith(("torch.", "Tensor.")), name
         assert e.ranks and all(1 <= r <= 5 for r in e.ranks)
         assert (e.layer is None) == ("{m}" not in e.call), name
-    for name in ("torch.nn.Conv2d", "torch.nn.functional.softmax", "torch.nn.LayerNorm", "torch.logsumexp",
-                 "torch.nn.functional.cross_entropy", "Tensor.view", "torch.matmul", "torch.nn.GroupNorm"):
+    for name in (
+        "torch.nn.Conv2d",
+        "torch.nn.functional.softmax",
+        "torch.nn.LayerNorm",
+        "torch.logsumexp",
+        "torch.nn.functional.cross_entropy",
+        "Tensor.view",
+        "torch.matmul",
+        "torch.nn.GroupNorm",
+    ):
         assert name in CATALOG
 
 
@@ -91,6 +101,7 @@ def test_every_catalog_entry_composes_alone(api: str) -> None:
 
 
 # --- programmatic composer ---------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_composed_modules_from_sampled_sets_run_and_are_nontrivial() -> None:
@@ -109,15 +120,18 @@ def test_composed_modules_from_sampled_sets_run_and_are_nontrivial() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("api_set", [
-    ["torch.nn.Conv2d", "torch.nn.BatchNorm2d", "torch.nn.functional.relu"],
-    ["torch.nn.Linear", "torch.nn.LayerNorm", "torch.nn.functional.gelu", "torch.add"],
-    ["torch.nn.Conv3d", "torch.mul", "torch.nn.InstanceNorm3d", "torch.amax"],
-    ["torch.nn.Conv1d", "torch.add", "torch.nn.GroupNorm", "torch.softmax", "torch.sum"],
-    ["torch.nn.ConvTranspose2d", "torch.nn.MaxPool2d", "torch.nn.functional.hardtanh", "torch.amin"],
-    ["torch.nn.Linear", "torch.nn.functional.log_softmax", "torch.nn.functional.nll_loss"],
-    ["torch.exp", "torch.log", "torch.sqrt", "torch.cumprod", "torch.div"],
-])
+@pytest.mark.parametrize(
+    "api_set",
+    [
+        ["torch.nn.Conv2d", "torch.nn.BatchNorm2d", "torch.nn.functional.relu"],
+        ["torch.nn.Linear", "torch.nn.LayerNorm", "torch.nn.functional.gelu", "torch.add"],
+        ["torch.nn.Conv3d", "torch.mul", "torch.nn.InstanceNorm3d", "torch.amax"],
+        ["torch.nn.Conv1d", "torch.add", "torch.nn.GroupNorm", "torch.softmax", "torch.sum"],
+        ["torch.nn.ConvTranspose2d", "torch.nn.MaxPool2d", "torch.nn.functional.hardtanh", "torch.amin"],
+        ["torch.nn.Linear", "torch.nn.functional.log_softmax", "torch.nn.functional.nll_loss"],
+        ["torch.exp", "torch.log", "torch.sqrt", "torch.cumprod", "torch.div"],
+    ],
+)
 def test_known_pitfalls_stay_valid(api_set: list[str]) -> None:
     """Norms after biases, sums over softmax dims, extremes of saturated values, domains of log/sqrt."""
     for seed in range(3):
@@ -125,8 +139,9 @@ def test_known_pitfalls_stay_valid(api_set: list[str]) -> None:
 
 
 def test_composer_follows_shapes_and_glues_ranks() -> None:
-    module = COMPOSER.compose(["torch.nn.Conv2d", "torch.nn.Linear", "torch.nn.functional.cross_entropy"],
-                              ProposalHints(difficulty=0.3, seed=3))
+    module = COMPOSER.compose(
+        ["torch.nn.Conv2d", "torch.nn.Linear", "torch.nn.functional.cross_entropy"], ProposalHints(difficulty=0.3, seed=3)
+    )
     assert module.details["placed"] == ["torch.nn.Conv2d", "torch.nn.Linear", "torch.nn.functional.cross_entropy"]
     assert "Tensor.flatten" in module.details["glue"]  # conv output (4-d) folded for the 2-d cross entropy
     assert module.input_shapes[0][0] == module.input_shapes[1][0]  # targets per sample
@@ -146,7 +161,7 @@ def test_composer_is_deterministic_and_difficulty_scales_work() -> None:
 def test_composer_keeps_to_max_ops_and_declines_what_it_cannot_place() -> None:
     many = ["torch.relu", "torch.sigmoid", "torch.tanh", "torch.exp", "torch.abs", "torch.sin", "torch.cos"]
     assert len(COMPOSER.compose(many, ProposalHints(max_ops=3, seed=0)).details["placed"]) == 3
-    with pytest.raises(CompositionDeclined, match="catalog"):
+    with pytest.raises(Declined, match="catalog"):
         COMPOSER.compose(["torch.not_an_op", "my.custom_layer"], ProposalHints(seed=0))
     # An argmax ends the chain as integers: the float op after it cannot be placed and is said so.
     module = COMPOSER.compose(["torch.argmax", "torch.nn.functional.softmax"], ProposalHints(seed=0))
@@ -155,9 +170,16 @@ def test_composer_keeps_to_max_ops_and_declines_what_it_cannot_place() -> None:
 
 # --- sampling ----------------------------------------------------------------------------------
 
+
 def skewed_stats() -> ApiStats:
-    usage = {"torch.relu": 1000, "torch.nn.Linear": 300, "torch.sigmoid": 30, "torch.exp": 10, "torch.cumsum": 3,
-             "not.in.catalog": 100000}
+    usage = {
+        "torch.relu": 1000,
+        "torch.nn.Linear": 300,
+        "torch.sigmoid": 30,
+        "torch.exp": 10,
+        "torch.cumsum": 3,
+        "not.in.catalog": 100000,
+    }
     pairs = {("torch.nn.Linear", "torch.relu"): 250, ("torch.exp", "torch.sigmoid"): 9}
     return ApiStats(modules=1200, usage=usage, pairs=pairs)
 
@@ -208,6 +230,7 @@ def test_sampling_without_statistics_is_uniform_over_the_catalog() -> None:
 
 # --- LLM composer ------------------------------------------------------------------------------
 
+
 class ScriptedChat:
     """A ChatModel that answers with canned replies and keeps the conversations it was sent."""
 
@@ -224,7 +247,7 @@ class ScriptedChat:
         return {"model": self.model}
 
 
-LLM_REPLY = '''Here is a task that uses the APIs.
+LLM_REPLY = """Here is a task that uses the APIs.
 
 ```python
 import torch
@@ -255,7 +278,7 @@ def get_inputs():
 def get_init_inputs():
     return [in_features, out_features]
 ```
-It chains a linear layer, GELU and logsumexp.'''
+It chains a linear layer, GELU and logsumexp."""
 
 
 def test_llm_composer_extracts_a_module_from_the_reply() -> None:
@@ -274,12 +297,17 @@ def test_llm_composer_extracts_a_module_from_the_reply() -> None:
     assert out.shape == (64,)
 
 
-@pytest.mark.parametrize("reply, reason", [
-    ("I cannot write that module, sorry.", "no program"),
-    ("```python\nimport torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n```",
-     "no program"),
-    (LLM_REPLY.replace("def forward(self, x):", "def forward(self, x, mask):"), "never uses its argument mask"),
-])
+@pytest.mark.parametrize(
+    "reply, reason",
+    [
+        ("I cannot write that module, sorry.", "no program"),
+        (
+            "```python\nimport torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n```",
+            "no program",
+        ),
+        (LLM_REPLY.replace("def forward(self, x):", "def forward(self, x, mask):"), "never uses its argument mask"),
+    ],
+)
 def test_llm_composer_declines_replies_without_a_module(reply: str, reason: str) -> None:
-    with pytest.raises(CompositionDeclined, match=reason):
+    with pytest.raises(Declined, match=reason):
         LLMComposer(ScriptedChat(reply)).compose(["torch.relu"], ProposalHints(seed=0))

@@ -7,13 +7,19 @@ from collections.abc import Callable
 
 import pytest
 
+from proposer_svc.frontier import (
+    FrontierConfig,
+    TaskPassRate,
+    api_failure_rates,
+    frontier_reward,
+    pass_rate_histogram,
+    select_frontier,
+    task_pass_rates,
+)
 from services.config import Settings
 from services.db import migrate
 from services.db.models import Candidate, Score, Task
 from services.db.session import session_scope
-from proposer_svc.frontier import (
-    FrontierConfig, TaskPassRate, api_failure_rates, frontier_reward, pass_rate_histogram, select_frontier, task_pass_rates,
-)
 
 GAUSSIAN = FrontierConfig(shape="gaussian", width=0.2)
 
@@ -38,7 +44,9 @@ def test_gaussian_frontier_reward() -> None:
 
 
 def test_settings_pick_the_shape(kz_env: Callable[..., Settings]) -> None:
-    config = FrontierConfig.from_settings(kz_env(proposer_frontier_shape="gaussian", proposer_frontier_width=0.1, proposer_min_attempts=8))
+    config = FrontierConfig.from_settings(
+        kz_env(proposer_frontier_shape="gaussian", proposer_frontier_width=0.1, proposer_min_attempts=8)
+    )
     assert (config.shape, config.width, config.min_attempts) == ("gaussian", 0.1, 8)
     assert frontier_reward(0.6, config) == pytest.approx(math.exp(-0.5))
 
@@ -92,9 +100,15 @@ def test_pass_rates_from_persisted_verdicts(kz_env: Callable[..., Settings]) -> 
     kz_env()
     migrate.upgrade()
     with session_scope() as session:
-        tasks = {name: Task(source=f"# {name}", source_hash=name * 8, origin="composer", status=status, api_set=apis)
-                 for name, status, apis in [("aa", "valid", ["torch.relu"]), ("bb", "valid", ["torch.matmul"]),
-                                            ("cc", "rejected", ["torch.tanh"]), ("dd", "reference", None)]}
+        tasks = {
+            name: Task(source=f"# {name}", source_hash=name * 8, origin="composer", status=status, api_set=apis)
+            for name, status, apis in [
+                ("aa", "valid", ["torch.relu"]),
+                ("bb", "valid", ["torch.matmul"]),
+                ("cc", "rejected", ["torch.tanh"]),
+                ("dd", "reference", None),
+            ]
+        }
         session.add_all(tasks.values())
         session.flush()
         # aa: two candidates, 3 verdicts of 4 correct (one candidate scored twice); cc: rejected, not in the pool.
@@ -103,8 +117,10 @@ def test_pass_rates_from_persisted_verdicts(kz_env: Callable[..., Settings]) -> 
                 candidate = Candidate(task_id=tasks[task].id, backend="triton", source="x", source_hash="x")
                 session.add(candidate)
                 session.flush()
-                session.add_all(Score(candidate_id=candidate.id, status="correct" if ok else "incorrect", correct=ok, reason="r")
-                                for ok in candidate_verdicts)
+                session.add_all(
+                    Score(candidate_id=candidate.id, status="correct" if ok else "incorrect", correct=ok, reason="r")
+                    for ok in candidate_verdicts
+                )
         ids = {name: task.id for name, task in tasks.items()}
     rates = {r.task_id: r for r in task_pass_rates()}
     assert set(rates) == {ids["aa"], ids["bb"], ids["dd"]}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from proposer_svc.mining import CorpusSource, default_corpus, directory_corpus, load_stats, mine, save_stats
 from services.config import Settings
 from services.db import migrate
-from proposer_svc.mining import CorpusSource, directory_corpus, default_corpus, load_stats, mine, save_stats
 
-CONV_MODULE = '''
+CONV_MODULE = """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -33,9 +33,9 @@ class A(nn.Module):
         y = self.act(y) * self.scale
         k = n + 1
         return y.softmax(dim=-1)[:, :k]
-'''
+"""
 
-SEQUENTIAL_MODULE = '''
+SEQUENTIAL_MODULE = """
 from torch import nn
 from torch.nn import functional
 import torch as T
@@ -64,10 +64,10 @@ class NoForward(nn.Module):
 class Abstract(nn.Module):
     def forward(self, x):
         raise NotImplementedError
-'''
+"""
 
 # Relative imports resolve only inside a known package (here as if it were torch.nn.modules).
-RELATIVE_MODULE = '''
+RELATIVE_MODULE = """
 from .linear import Linear
 from .module import Module
 from .. import functional as F
@@ -80,7 +80,7 @@ class C(Module):
 
     def forward(self, input):
         return F.silu(self.lin(input))
-'''
+"""
 
 EXPECTED_SETS = [
     {"torch.nn.Conv2d", "torch.nn.functional.gelu", "torch.mul", "Tensor.softmax"},
@@ -121,7 +121,7 @@ def test_small_corpus_gives_exact_counts(tmp_path: Path) -> None:
 
 
 def test_tensor_operators_need_a_tensor_operand(tmp_path: Path) -> None:
-    (tmp_path / "ops.py").write_text('''
+    (tmp_path / "ops.py").write_text("""
 import torch
 class M(torch.nn.Module):
     def forward(self, x, size: int, mask=None):
@@ -130,7 +130,7 @@ class M(torch.nn.Module):
         y = torch.exp(x)
         y /= 3                       # y came from an API: torch.div
         return y[:n]
-''')
+""")
     stats = mine(directory_corpus([tmp_path])).stats
     assert stats.usage == {"Tensor.size": 1, "torch.exp": 1, "torch.div": 1}
 
@@ -171,13 +171,25 @@ def test_cli_mine_and_stats(kz_env: Callable[..., Settings], tmp_path: Path) -> 
     write_corpus(tmp_path / "corpus")
     kernelzero = Path(sys.executable).with_name("kernelzero")
     env = dict(os.environ, COLUMNS="200")
-    mined = subprocess.run([str(kernelzero), "proposer", "mine", "--corpus", str(tmp_path / "corpus" / "plain"), "--name", "small"],
-                           capture_output=True, text=True, timeout=120, env=env)
+    mined = subprocess.run(
+        [str(kernelzero), "proposer", "mine", "--corpus", str(tmp_path / "corpus" / "plain"), "--name", "small"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert mined.returncode == 0, mined.stderr
     assert "3 files, 2 forward bodies" in mined.stdout and "1 files skipped" in mined.stdout
-    shown = subprocess.run([str(kernelzero), "proposer", "stats", "--name", "small", "--top", "3"],
-                           capture_output=True, text=True, timeout=120, env=env)
+    shown = subprocess.run(
+        [str(kernelzero), "proposer", "stats", "--name", "small", "--top", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "10 APIs" in shown.stdout and "torch.nn.Conv2d" in shown.stdout
-    missing = subprocess.run([str(kernelzero), "proposer", "stats", "--name", "nothing"], capture_output=True, text=True, timeout=120, env=env)
+    missing = subprocess.run(
+        [str(kernelzero), "proposer", "stats", "--name", "nothing"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert missing.returncode == 1 and "kernelzero proposer mine" in missing.stderr

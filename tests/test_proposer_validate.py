@@ -15,13 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from proposer_svc.validate import (ValidationOptions, ValidationResult, Validator, check_static, finite, source_hash,
-                                   validate_module, validate_modules)
+from proposer_svc.validate import (
+    ValidationOptions,
+    ValidationResult,
+    Validator,
+    check_static,
+    finite,
+    source_hash,
+    validate_module,
+    validate_modules,
+)
 from services.config import Settings
 
 HEADER = "import torch\nimport torch.nn as nn\n"
 
-GOOD = HEADER + '''
+GOOD = (
+    HEADER
+    + '''
 class Model(nn.Module):
     """Linear, ReLU, plus a second input."""
 
@@ -43,9 +53,12 @@ def get_inputs():
 def get_init_inputs():
     return [features]
 '''
+)
 
 # The same module: other names, no docstring or comments, other formatting and annotations.
-GOOD_RENAMED = HEADER + '''
+GOOD_RENAMED = (
+    HEADER
+    + """
 class Model(nn.Module):
     def __init__(self, n):
         super().__init__()
@@ -59,10 +72,13 @@ def get_inputs():
     return [torch.randn(rows, cols), torch.randn(rows, cols)]
 def get_init_inputs():
     return [cols]
-'''
+"""
+)
 
 # Another source computing the same op graph (relu spelt as a method, the sum split in two lines).
-GOOD_SAME_GRAPH = HEADER + '''
+GOOD_SAME_GRAPH = (
+    HEADER
+    + """
 class Model(nn.Module):
     def __init__(self, n):
         super().__init__()
@@ -78,13 +94,18 @@ def get_inputs():
 
 def get_init_inputs():
     return [16]
-'''
+"""
+)
 
 
-def module(forward: str, inputs: str = "[torch.randn(8, 16), torch.randn(8, 16)]", init: str = "[]",
-           body: str = "", prelude: str = "") -> str:
+def module(
+    forward: str, inputs: str = "[torch.randn(8, 16), torch.randn(8, 16)]", init: str = "[]", body: str = "", prelude: str = ""
+) -> str:
     """A KernelBench-format module whose forward(x, y) is ``forward`` (indented code)."""
-    return HEADER + prelude + f'''
+    return (
+        HEADER
+        + prelude
+        + f"""
 class Model(nn.Module):
     def __init__(self, *args):
         super().__init__()
@@ -98,28 +119,36 @@ def get_inputs():
 
 def get_init_inputs():
     return {init}
-'''
+"""
+    )
 
 
 BROKEN = {
-    "structure": HEADER + "class Model(nn.Module):\n    def forward(self, x):\n        return x\n\ndef get_inputs():\n    return [torch.randn(2)]\n",
+    "structure": HEADER
+    + "class Model(nn.Module):\n    def forward(self, x):\n        return x\n\ndef get_inputs():\n    return [torch.randn(2)]\n",
     "load_error": module("        return x + y", prelude="torch.kz_no_such_function()\n"),
     "runtime_error": module("        return x @ torch.randn(3, 3) + y"),
     "output_type": module("        return float(x.sum() + y.sum())"),
     "nan_inf": module("        return torch.log(-(x.abs() + y.abs() + 1))"),
     # KernelBench's classic: a max over a dim keeps one value per row; minus its own mean is 0.
-    "near_constant": module("        m = torch.max(x + y, dim=1, keepdim=True).values\n        return m - m.mean(dim=1, keepdim=True)"),
+    "near_constant": module(
+        "        m = torch.max(x + y, dim=1, keepdim=True).values\n        return m - m.mean(dim=1, keepdim=True)"
+    ),
     "nondeterministic": module("        return x + y + torch.rand_like(x)"),
     "seed_invariant": module("        return x * 2 + y", inputs="[torch.arange(16.0).reshape(4, 4), torch.ones(4, 4)]"),
     "input_unused": module("        return torch.tanh(x) * y.shape[0]"),
-    "parameters_unused": module("        return torch.relu(x) + y + 0 * self.linear(x)", body="        self.linear = nn.Linear(16, 16)"),
+    "parameters_unused": module(
+        "        return torch.relu(x) + y + 0 * self.linear(x)", body="        self.linear = nn.Linear(16, 16)"
+    ),
 }
 SEED_INVARIANT_OUTPUT = module("        return torch.arange(x.shape[0] * y.shape[1], dtype=x.dtype).reshape(x.shape[0], -1)")
 CRASH = module("        import os, signal\n        os.kill(os.getpid(), signal.SIGSEGV)\n        return x + y")
 OOM = module("        return torch.empty(1 << 42, dtype=torch.float32)[: x.numel()].reshape(x.shape) + y")
 HANG = module("        while True:\n            pass\n        return x + y")
-TOO_SLOW = module("        w = torch.tanh(torch.arange(1 << 20, dtype=x.dtype).reshape(1024, 1024) * 1e-6 + x.sum())\n"
-                  "        m = w @ w @ w\n        return x + y + 1e-30 * m.mean()")
+TOO_SLOW = module(
+    "        w = torch.tanh(torch.arange(1 << 20, dtype=x.dtype).reshape(1024, 1024) * 1e-6 + x.sum())\n"
+    "        m = w @ w @ w\n        return x + y + 1e-30 * m.mean()"
+)
 TOO_FAST = module("        return x + y", inputs="[torch.randn(4), torch.randn(4)]")
 
 
@@ -160,13 +189,16 @@ def test_reasons_say_what_happened(batch: dict[str, ValidationResult]) -> None:
     assert "equals 0" in batch["near_constant"].reason
 
 
-@pytest.mark.parametrize(("source", "reason"), [
-    (GOOD.replace("class Model", "class Net"), "no class Model"),
-    (GOOD.replace("def forward", "def run"), "Model has no forward method"),
-    (GOOD.replace("def get_inputs", "def inputs"), "no function get_inputs()"),
-    (module("        return x * 2"), "forward never uses its argument y"),
-    (GOOD.replace("def forward(self, x: torch.Tensor, y: torch.Tensor)", "def forward(self, x, y)\n"), "not valid Python"),
-])
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (GOOD.replace("class Model", "class Net"), "no class Model"),
+        (GOOD.replace("def forward", "def run"), "Model has no forward method"),
+        (GOOD.replace("def get_inputs", "def inputs"), "no function get_inputs()"),
+        (module("        return x * 2"), "forward never uses its argument y"),
+        (GOOD.replace("def forward(self, x: torch.Tensor, y: torch.Tensor)", "def forward(self, x, y)\n"), "not valid Python"),
+    ],
+)
 def test_structure_is_checked_on_the_ast_alone(source: str, reason: str) -> None:
     verdict = check_static(source)
     assert isinstance(verdict, ValidationResult) and verdict.rule == "structure" and reason in verdict.reason, verdict
@@ -183,7 +215,11 @@ def test_modules_that_could_forge_their_verdict_or_break_the_parser_are_refused_
 
 def test_measurements_are_stored_as_finite_json() -> None:
     """An integer output that changed completely measures inf; the database and HTTP take null."""
-    assert finite({"seed_change": float("inf"), "runs": [1.0, float("nan")], "n": 3}) == {"seed_change": None, "runs": [1.0, None], "n": 3}
+    assert finite({"seed_change": float("inf"), "runs": [1.0, float("nan")], "n": 3}) == {
+        "seed_change": None,
+        "runs": [1.0, None],
+        "n": 3,
+    }
 
 
 @pytest.mark.slow  # sandboxed children
@@ -250,8 +286,13 @@ def test_cli_json_lines(kz_env: Callable[..., Settings], tmp_path: Path) -> None
     for name, source in files.items():
         (tmp_path / name).write_text(source)
     kernelzero = Path(sys.executable).with_name("kernelzero")
-    run = subprocess.run([str(kernelzero), "proposer", "validate", *files, "--json", "--device", "cpu", "--max-ms", "0"],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    run = subprocess.run(
+        [str(kernelzero), "proposer", "validate", *files, "--json", "--device", "cpu", "--max-ms", "0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     lines = {Path(obj["path"]).name: obj for obj in map(json.loads, run.stdout.strip().splitlines())}
     assert set(lines) == set(files)

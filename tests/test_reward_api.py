@@ -15,11 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
+from servers import serve
 from services.config import Settings
 from services.db.models import Score
 from services.db.session import session_scope
-from servers import serve
-from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 
 WRONG = candidate("out = torch.empty_like(x)\nlaunch_relu(x, out)\nreturn out + 1.0")
 
@@ -34,8 +34,12 @@ def reward_api(platform_env: Callable[..., Settings], start_worker, free_port) -
 
 
 def test_group_endpoint_rewards_and_persists(reward_api: str) -> None:
-    body = {"reference": RELU_REFERENCE, "candidates": [CORRECT, WRONG, HACKS["kernel_never_launched"][0]],
-            "options": {"device": "cpu"}, "wait_s": 120}
+    body = {
+        "reference": RELU_REFERENCE,
+        "candidates": [CORRECT, WRONG, HACKS["kernel_never_launched"][0]],
+        "options": {"device": "cpu"},
+        "wait_s": 120,
+    }
     response = httpx.post(f"{reward_api}/v1/score/group", json=body, timeout=150)
     assert response.status_code == 200, response.text
     data = response.json()
@@ -59,8 +63,10 @@ def test_group_endpoint_rewards_and_persists(reward_api: str) -> None:
 
 
 def test_concurrent_submissions_and_job_polling(reward_api: str) -> None:
-    bodies = [{"reference": RELU_REFERENCE, "candidate": source, "options": {"device": "cpu"}, "wait_s": 0}
-              for source in (CORRECT, WRONG, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))]
+    bodies = [
+        {"reference": RELU_REFERENCE, "candidate": source, "options": {"device": "cpu"}, "wait_s": 0}
+        for source in (CORRECT, WRONG, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))
+    ]
     with ThreadPoolExecutor(3) as pool:
         submitted = list(pool.map(lambda b: httpx.post(f"{reward_api}/v1/score", json=b, timeout=30), bodies))
     assert all(r.status_code == 202 for r in submitted), [r.text for r in submitted]
@@ -94,8 +100,24 @@ def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None
     for name, source in {"correct": CORRECT, "decoy": HACKS["decoy_scratch_kernel"][0]}.items():
         path = tmp_path / f"{name}.py"
         path.write_text(source)
-        run = subprocess.run([str(kernelzero), "score", "--reference", str(reference), "--candidate", str(path),
-                              "--backend", "triton", "--device", "cpu", "--json"], capture_output=True, text=True, timeout=180)
+        run = subprocess.run(
+            [
+                str(kernelzero),
+                "score",
+                "--reference",
+                str(reference),
+                "--candidate",
+                str(path),
+                "--backend",
+                "triton",
+                "--device",
+                "cpu",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert run.returncode == 0, run.stderr
         outputs[name] = json.loads(run.stdout)
     assert outputs["correct"]["status"] == "correct" and outputs["correct"]["correct"] is True
@@ -105,8 +127,11 @@ def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None
         assert key in outputs["decoy"]
 
 
-def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(platform_env: Callable[..., Settings], start_worker,  # type: ignore[no-untyped-def]
-                                                                  free_port) -> None:
+def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(
+    platform_env: Callable[..., Settings],
+    start_worker,  # type: ignore[no-untyped-def]
+    free_port,
+) -> None:
     """Configured for one GPU, the worker takes score.gpu0 with a threads pool sharing one evaluator.
     Here the groups run on the CPU, which is enough to see two of them in flight at once."""
     from services.db.models import Job
@@ -116,8 +141,10 @@ def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(platform_env: 
     assert "--pool threads -c 2" in " ".join(worker.popen.args)  # type: ignore[arg-type]
     body = {"reference": RELU_REFERENCE, "options": {"device": "cpu"}, "wait_s": 0}
     with serve("reward_svc.api:app", free_port()) as url:
-        submitted = [httpx.post(f"{url}/v1/score", json={**body, "candidate": source}, timeout=30).json()["job_id"]
-                     for source in (CORRECT, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))]
+        submitted = [
+            httpx.post(f"{url}/v1/score", json={**body, "candidate": source}, timeout=30).json()["job_id"]
+            for source in (CORRECT, CORRECT.replace("BLOCK=1024", "BLOCK=512").replace("1024)", "512)"))
+        ]
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             jobs = [httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json() for job_id in submitted]

@@ -76,8 +76,10 @@ def test_publishing_keeps_the_cap(tmp_path: Path) -> None:
 SHM = Path("/dev/shm")
 
 
-@pytest.mark.skipif(not SHM.is_dir() or SHM.stat().st_dev == Path(tempfile.gettempdir()).stat().st_dev,
-                    reason="needs /dev/shm on another filesystem than the temp dir")
+@pytest.mark.skipif(
+    not SHM.is_dir() or SHM.stat().st_dev == Path(tempfile.gettempdir()).stat().st_dev,
+    reason="needs /dev/shm on another filesystem than the temp dir",
+)
 def test_a_build_from_a_tmpfs_scratch_dir_is_published_to_a_cache_on_disk(tmp_path: Path) -> None:
     """GPU workers keep children's dirs on a tmpfs (KZ_REWARD_SCRATCH_DIR) and the cache on disk: a
     rename across them fails (EXDEV), which left every build, and Triton's base layer, unpublished."""

@@ -18,14 +18,15 @@ import pytest
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
-from reward_svc.evaluate import MEMORY_RETRIES, EvalOptions, Evaluator
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
 from services.children.layout import Layout, owner_tag
 from services.children.pool import ChildPool, PoolClosed
+from services.config import Settings
 from services.sandbox import Confinement, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
-from services.config import Settings
+from services.schemas.reward import ScoreOptions
 
 
 def test_cases_fit_the_exchange_budget() -> None:
@@ -42,8 +43,11 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2, reward_exchange_max_bytes=1))
     try:
         names = ["cache_by_shape", "cache_by_address", "cache_by_content", "decoy_scratch_kernel"]
-        evaluation = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT] + [HACKS[n][0] for n in names],
-                                              EvalOptions(backend="triton", device="cpu", trials=3, timeout_s=120))
+        evaluation = evaluator.evaluate_group(
+            RELU_REFERENCE,
+            [CORRECT] + [HACKS[n][0] for n in names],
+            ScoreOptions(backend="triton", device="cpu", trials=3, timeout_s=120),
+        )
     finally:
         evaluator.close()
     assert evaluation.reference["cases"] == 2
@@ -53,7 +57,9 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     assert set(correct.details["seconds"]["waiting"]) == {"admission", "child", "reference_admission", "reference_child"}
     for name, verdict in zip(names, hacks):
         assert not verdict.correct, f"{name}: {verdict.reason}"
-        assert verdict.guard in ("decoy_kernel", "conditional_fallback", "cross_call_cache") or verdict.status == "incorrect", name
+        assert verdict.guard in ("decoy_kernel", "conditional_fallback", "cross_call_cache") or verdict.status == "incorrect", (
+            name
+        )
 
 
 def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> None:
@@ -128,9 +134,16 @@ def test_work_dirs_of_dead_workers_are_swept(tmp_path: Path) -> None:
     layout = Layout(tmp_path / "reward", scratch=tmp_path / "scratch").create()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    started_before = int(owner_tag().split(".")[1]) - 5000  # this pid, 50 s before this process started: a restarted container's worker
-    orphans = [layout.jobs / f"{dead.pid}.1-a", layout.exchange / f"{dead.pid}.1-a", layout.jobs / "unowned",
-              layout.jobs / f"{os.getpid()}.{started_before}-c", layout.jobs / f"{os.getpid()}-d"]
+    started_before = (
+        int(owner_tag().split(".")[1]) - 5000
+    )  # this pid, 50 s before this process started: a restarted container's worker
+    orphans = [
+        layout.jobs / f"{dead.pid}.1-a",
+        layout.exchange / f"{dead.pid}.1-a",
+        layout.jobs / "unowned",
+        layout.jobs / f"{os.getpid()}.{started_before}-c",
+        layout.jobs / f"{os.getpid()}-d",
+    ]
     live = layout.jobs / f"{owner_tag()}-b"
     for path in [*orphans, live]:
         path.mkdir()
@@ -147,7 +160,7 @@ def test_a_group_whose_reference_finds_no_room_on_the_filesystem_gets_the_reason
     evaluator = Evaluator(settings)
     try:
         started = time.monotonic()
-        verdict = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], EvalOptions(device="cpu")).verdicts[0]
+        verdict = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], ScoreOptions(device="cpu")).verdicts[0]
         assert verdict.status == "runtime_error" and "no room for the trial tensors" in verdict.reason, verdict.reason
         assert "KZ_REWARD_SCRATCH_MIN_FREE_BYTES" in verdict.reason and time.monotonic() - started < 60  # no wait: nothing held
         assert not list(evaluator.layout.exchange.iterdir())
@@ -187,8 +200,10 @@ def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, m
 
     monkeypatch.setattr(reference, "_room_for", room_for)
     (tmp_path / "reference.py").write_text(RELU_REFERENCE)
-    result = reference.run_reference({"reference_path": str(tmp_path / "reference.py"), "device": "cpu", "trials": 4,
-                                      "input_seed": 1, "weight_seeds": [2, 3]}, tmp_path)
+    result = reference.run_reference(
+        {"reference_path": str(tmp_path / "reference.py"), "device": "cpu", "trials": 4, "input_seed": 1, "weight_seeds": [2, 3]},
+        tmp_path,
+    )
     assert result["status"] == "ok" and result["cases"] == 2 and len(result["rounding_noise"]) == 2
     assert sorted(p.name for p in (tmp_path / "exchange").iterdir()) == ["init_0.pt", "init_1.pt", "inputs_0.pt", "inputs_1.pt"]
     assert sorted(p.name for p in tmp_path.glob("expected_*.pt")) == ["expected_0.pt", "expected_1.pt"]
@@ -232,9 +247,10 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
     shortage as its verdict. A reference short of memory alone gets the reason at once."""
     evaluator = Evaluator(kz_env(reward_warm_children=2))
     first, second = time.time() + 12, time.time() + 24
-    reference = RELU_REFERENCE.replace("    def forward(self, x):\n",
-                                       f"    def forward(self, x):\n        import time\n        if time.time() < {first}:\n"
-                                       f"            {OUT_OF_MEMORY}\n")
+    reference = RELU_REFERENCE.replace(
+        "    def forward(self, x):\n",
+        f"    def forward(self, x):\n        import time\n        if time.time() < {first}:\n            {OUT_OF_MEMORY}\n",
+    )
 
     def hold_until(deadline: float) -> None:
         with evaluator.device_users.use():
@@ -244,7 +260,9 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
     try:
         for holder in holders:
             holder.start()
-        evaluation = evaluator.evaluate_group(reference, [CORRECT, candidate(OUT_OF_MEMORY)], EvalOptions(device="cpu", timeout_s=120))
+        evaluation = evaluator.evaluate_group(
+            reference, [CORRECT, candidate(OUT_OF_MEMORY)], ScoreOptions(device="cpu", timeout_s=120)
+        )
         ended = time.time()
         correct, short = evaluation.verdicts
         assert evaluation.reference["memory_retries"] == 1 and ended > second
@@ -256,8 +274,9 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
             holder.join()
 
         started = time.monotonic()
-        alone = evaluator.evaluate_group(reference.replace(str(first), str(time.time() + 600)), [CORRECT],
-                                         EvalOptions(device="cpu", timeout_s=120)).verdicts[0]
+        alone = evaluator.evaluate_group(
+            reference.replace(str(first), str(time.time() + 600)), [CORRECT], ScoreOptions(device="cpu", timeout_s=120)
+        ).verdicts[0]
         assert alone.status == "runtime_error" and "out of cpu memory: CUDA out of memory" in alone.reason, alone.reason
         assert time.monotonic() - started < 60
     finally:
@@ -271,9 +290,11 @@ def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callab
     for by a SIGKILL the reference sends itself until the held use ends."""
     evaluator = Evaluator(kz_env(reward_warm_children=1))
     deadline = time.time() + 8
-    reference = RELU_REFERENCE.replace("    def forward(self, x):\n",
-                                       f"    def forward(self, x):\n        import os, signal, time\n        if time.time() < {deadline}:\n"
-                                       f"            os.kill(os.getpid(), signal.SIGKILL)\n")
+    reference = RELU_REFERENCE.replace(
+        "    def forward(self, x):\n",
+        f"    def forward(self, x):\n        import os, signal, time\n        if time.time() < {deadline}:\n"
+        f"            os.kill(os.getpid(), signal.SIGKILL)\n",
+    )
     holding = threading.Event()
 
     def hold() -> None:
@@ -285,42 +306,48 @@ def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callab
     try:
         holder.start()
         assert holding.wait(10)
-        evaluation = evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cpu", timeout_s=120))
+        evaluation = evaluator.evaluate_group(reference, [CORRECT], ScoreOptions(device="cpu", timeout_s=120))
         assert time.time() > deadline and evaluation.reference["memory_retries"] == 1
         assert evaluation.verdicts[0].status == "correct", evaluation.verdicts[0].reason
         holder.join()
 
-        alone = evaluator.evaluate_group(reference.replace(str(deadline), str(time.time() + 600)), [CORRECT],
-                                         EvalOptions(device="cpu", timeout_s=120)).verdicts[0]
+        alone = evaluator.evaluate_group(
+            reference.replace(str(deadline), str(time.time() + 600)), [CORRECT], ScoreOptions(device="cpu", timeout_s=120)
+        ).verdicts[0]
         assert alone.status == "runtime_error" and "killed by SIGKILL (likely out of memory)" in alone.reason, alone.reason
     finally:
         evaluator.close()
 
 
 def test_only_a_kill_that_was_not_the_time_limit_counts_as_one_for_memory() -> None:
-    killed = run_sandboxed([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                           Confinement(wall_timeout_s=20))
+    killed = run_sandboxed(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], Confinement(wall_timeout_s=20)
+    )
     timed_out = run_sandboxed([sys.executable, "-c", "import time; time.sleep(60)"], Confinement(wall_timeout_s=1))
     crashed = run_sandboxed([sys.executable, "-c", "import ctypes; ctypes.string_at(0)"], Confinement(wall_timeout_s=20))
     assert killed.killed_for_memory and not timed_out.killed_for_memory and not crashed.killed_for_memory
 
 
-@pytest.mark.parametrize("sandbox", [pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_probe()[0] is None, reason="no bwrap")),
-                                     "fallback"])
-def test_closing_the_evaluator_stops_the_job_it_runs_and_starts_no_more(sandbox: str, kz_env: Callable[..., Settings],
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "sandbox", [pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_probe()[0] is None, reason="no bwrap")), "fallback"]
+)
+def test_closing_the_evaluator_stops_the_job_it_runs_and_starts_no_more(
+    sandbox: str, kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a Ctrl-C of ``kernelzero eval`` relies on: children run in their own sessions, so only
     the pool can stop the ones a job is using (bwrap's die-with-parent follows the spawner thread;
     the fallback has nothing like it); after close no child starts, so the job ends (with an error
     or a verdict its caller throws away) instead of running its retries."""
     monkeypatch.setenv("KZ_SANDBOX", sandbox)
     evaluator = Evaluator(kz_env(reward_warm_children=0))
-    reference = RELU_REFERENCE.replace("    def forward(self, x):\n", "    def forward(self, x):\n        import time\n        time.sleep(300)\n")
+    reference = RELU_REFERENCE.replace(
+        "    def forward(self, x):\n", "    def forward(self, x):\n        import time\n        time.sleep(300)\n"
+    )
     ended = threading.Event()
 
     def score() -> None:
         try:
-            evaluator.evaluate_group(reference, [CORRECT], EvalOptions(device="cpu", timeout_s=600))
+            evaluator.evaluate_group(reference, [CORRECT], ScoreOptions(device="cpu", timeout_s=600))
         except PoolClosed:
             pass
         finally:

@@ -9,8 +9,9 @@ import pytest
 
 from cuda_cases import CUDA_RELU
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate, hacks_not_caught
-from reward_svc.evaluate import EvalOptions, Evaluator
+from reward_svc.evaluate import Evaluator
 from services.config import Settings
+from services.schemas.reward import ScoreOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -18,19 +19,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SIDE_STREAM = candidate(
     "STREAM.wait_stream(torch.cuda.current_stream())\nwith torch.cuda.stream(STREAM):\n"
     "    out = torch.empty_like(x)\n    for _ in range(50):\n        launch_relu(x, out)\nreturn out",
-    extra="STREAM = torch.cuda.Stream()")
+    extra="STREAM = torch.cuda.Stream()",
+)
 
 
 def test_cuda_and_triton_kernels_are_verified_and_timed(evaluator: Evaluator) -> None:
-    triton_verdict = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], EvalOptions(backend="triton", device="cuda")).verdicts[0]
-    cuda_verdict = evaluator.evaluate_group(RELU_REFERENCE, [CUDA_RELU], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
+    triton_verdict = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], ScoreOptions(backend="triton", device="cuda")).verdicts[
+        0
+    ]
+    cuda_verdict = evaluator.evaluate_group(RELU_REFERENCE, [CUDA_RELU], ScoreOptions(backend="cuda", device="cuda")).verdicts[0]
     for verdict in (triton_verdict, cuda_verdict):
         assert verdict.status == "correct", verdict.reason
         assert verdict.speedup is not None and verdict.runtime_ms and verdict.ref_runtime_ms
 
 
 def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> None:
-    verdict = evaluator.evaluate_group(RELU_REFERENCE, [SIDE_STREAM], EvalOptions(backend="triton", device="cuda")).verdicts[0]
+    verdict = evaluator.evaluate_group(RELU_REFERENCE, [SIDE_STREAM], ScoreOptions(backend="triton", device="cuda")).verdicts[0]
     if verdict.status == "correct":  # the race was won: then the timing must have paid for the side stream
         assert verdict.details["timing"]["side_stream_work"] or verdict.speedup < 5
     else:
@@ -39,7 +43,9 @@ def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> Non
 
 # Native code the static policy cannot read: at its second call (trial 2) the extension flips a byte
 # in the middle of the file trial 1's output was written to (the tensor's data), from its work dir.
-REWRITES_AN_EARLIER_OUTPUT = CUDA_RELU.replace('#include <torch/extension.h>\n', '''#include <torch/extension.h>
+REWRITES_AN_EARLIER_OUTPUT = CUDA_RELU.replace(
+    "#include <torch/extension.h>\n",
+    """#include <torch/extension.h>
 #include <cstdio>
 static int calls = 0;
 static void flip_a_byte_of_the_first_output() {
@@ -53,14 +59,20 @@ static void flip_a_byte_of_the_first_output() {
     std::fputc(c ^ 0x40, f);
     std::fclose(f);
 }
-''').replace("    auto y = torch::empty_like(x);", "    if (++calls == 2) flip_a_byte_of_the_first_output();\n    auto y = torch::empty_like(x);")
+""",
+).replace(
+    "    auto y = torch::empty_like(x);",
+    "    if (++calls == 2) flip_a_byte_of_the_first_output();\n    auto y = torch::empty_like(x);",
+)
 
 
 def test_native_code_that_opens_files_is_refused_before_it_compiles(evaluator: Evaluator) -> None:
     """The native policy refuses it first (reward_svc/policy/native.py); a rewrite that got past it would
     still be caught by the output fingerprints (tests/test_reward_tensors.py)."""
     assert "flip_a_byte" in REWRITES_AN_EARLIER_OUTPUT
-    verdict = evaluator.evaluate_group(RELU_REFERENCE, [REWRITES_AN_EARLIER_OUTPUT], EvalOptions(backend="cuda", device="cuda")).verdicts[0]
+    verdict = evaluator.evaluate_group(
+        RELU_REFERENCE, [REWRITES_AN_EARLIER_OUTPUT], ScoreOptions(backend="cuda", device="cuda")
+    ).verdicts[0]
     assert verdict.status == "rejected" and verdict.guard == "native_policy", verdict.reason
 
 
@@ -69,20 +81,27 @@ def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy
     from services.children import tensors
 
     key = 0x1234_5678_9ABC
-    for value in (torch.randn(40_000_001, device="cuda"),  # several slabs, and a tail
-                  torch.randn(64, 33, device="cuda").half().t(), torch.randint(-5, 5, (999,), device="cuda"),
-                  torch.rand(17, device="cuda") > 0.5):
+    for value in (
+        torch.randn(40_000_001, device="cuda"),  # several slabs, and a tail
+        torch.randn(64, 33, device="cuda").half().t(),
+        torch.randint(-5, 5, (999,), device="cuda"),
+        torch.rand(17, device="cuda") > 0.5,
+    ):
         assert tensors.fingerprint(value, key) == tensors.fingerprint(value.cpu(), key), value.dtype
 
 
 # Counts its calls: right in the five trials (three cases, refresh, knockout), an empty answer once
 # timing runs case 0 over and over.
-FAST_WHEN_TIMED = candidate("CALLS.append(1)\nif len(CALLS) > 5:\n    return torch.empty_like(x)\nreturn launch_relu(x, torch.empty_like(x))",
-                            extra="CALLS = []")
+FAST_WHEN_TIMED = candidate(
+    "CALLS.append(1)\nif len(CALLS) > 5:\n    return torch.empty_like(x)\nreturn launch_relu(x, torch.empty_like(x))",
+    extra="CALLS = []",
+)
 
 
 def test_a_forward_that_computes_less_while_timed_is_rejected(evaluator: Evaluator) -> None:
-    verdict = evaluator.evaluate_group(RELU_REFERENCE, [FAST_WHEN_TIMED], EvalOptions(backend="triton", device="cuda")).verdicts[0]
+    verdict = evaluator.evaluate_group(RELU_REFERENCE, [FAST_WHEN_TIMED], ScoreOptions(backend="triton", device="cuda")).verdicts[
+        0
+    ]
     assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason
 
 
@@ -92,8 +111,9 @@ def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., S
     """The CPU suite's hack cases, through the GPU path (device lock, timing, device fingerprints)."""
     evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=8))
     try:
-        verdicts = evaluator.evaluate_group(RELU_REFERENCE, [source for source, _ in HACKS.values()],
-                                            EvalOptions(backend="triton", device="cuda")).verdicts
+        verdicts = evaluator.evaluate_group(
+            RELU_REFERENCE, [source for source, _ in HACKS.values()], ScoreOptions(backend="triton", device="cuda")
+        ).verdicts
     finally:
         evaluator.close()
     failures = hacks_not_caught(verdicts)
@@ -106,26 +126,41 @@ def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., S
 TIMING_CACHES = {
     "on the input's address, after the trials": candidate(
         "CALLS.append(1)\nkey = x.data_ptr()\nif len(CALLS) > 5 and key in CACHE:\n    return CACHE[key]\n"
-        "CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CALLS = []\nCACHE = {}"),
+        "CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
+        extra="CALLS = []\nCACHE = {}",
+    ),
     "on the address and a probe of the values": candidate(
         "flat = x.reshape(-1)\nkey = (x.data_ptr(), tuple(float(v) for v in flat[:: max(1, flat.numel() // 5)][:5]))\n"
-        "if key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CACHE = {}"),
+        "if key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
+        extra="CACHE = {}",
+    ),
     "outside the replays, told apart by NaN-filled memory": candidate(
         "replay = bool(torch.isnan(torch.empty(64, device=x.device)).all())\nkey = x.data_ptr()\n"
         "if not replay and key in CACHE:\n    return CACHE[key]\nout = launch_relu(x, torch.empty_like(x))\n"
-        "if not replay:\n    CACHE[key] = out\nreturn out", extra="CACHE = {}"),
+        "if not replay:\n    CACHE[key] = out\nreturn out",
+        extra="CACHE = {}",
+    ),
     "with a launch kept for show": candidate(
         "CALLS.append(1)\nkey = x.data_ptr()\nif len(CALLS) > 5 and key in CACHE:\n    launch_relu(x[:1], torch.empty_like(x[:1]))\n"
-        "    return CACHE[key]\nCACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]", extra="CALLS = []\nCACHE = {}"),
+        "    return CACHE[key]\nCACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
+        extra="CALLS = []\nCACHE = {}",
+    ),
 }
 
 
 def test_timed_calls_that_reuse_an_earlier_result_are_caught(evaluator: Evaluator) -> None:
-    verdicts = evaluator.evaluate_group(RELU_REFERENCE, list(TIMING_CACHES.values()), EvalOptions(backend="triton", device="cuda")).verdicts
-    paid = {name: f"{v.status}/{v.guard} speedup={v.speedup}: {v.reason[:200]}" for name, v in zip(TIMING_CACHES, verdicts)
-            if v.correct and v.speedup is not None and v.speedup > 1.2}
+    verdicts = evaluator.evaluate_group(
+        RELU_REFERENCE, list(TIMING_CACHES.values()), ScoreOptions(backend="triton", device="cuda")
+    ).verdicts
+    paid = {
+        name: f"{v.status}/{v.guard} speedup={v.speedup}: {v.reason[:200]}"
+        for name, v in zip(TIMING_CACHES, verdicts)
+        if v.correct and v.speedup is not None and v.speedup > 1.2
+    }
     assert not paid, paid
-    wrong_guard = {name: v.reason for name, v in zip(TIMING_CACHES, verdicts) if v.status == "rejected" and v.guard != "timing_evasion"}
+    wrong_guard = {
+        name: v.reason for name, v in zip(TIMING_CACHES, verdicts) if v.status == "rejected" and v.guard != "timing_evasion"
+    }
     assert not wrong_guard, wrong_guard
 
 
@@ -136,8 +171,11 @@ def test_a_time_faster_than_the_bytes_allow_is_not_paid(evaluator: Evaluator) ->
     """A cache on the values' probe, with a launch kept for show, is right and launches as often as the
     checked calls: only the bandwidth bound is left, and on a problem of this size it holds."""
     probe_cache = TIMING_CACHES["on the address and a probe of the values"].replace(
-        "if key not in CACHE:", "launch_relu(x[:1], torch.empty_like(x[:1]))\nif key not in CACHE:".replace("\n", "\n        "))
-    honest, cached = evaluator.evaluate_group(BIG_RELU, [CORRECT, probe_cache], EvalOptions(backend="triton", device="cuda")).verdicts
+        "if key not in CACHE:", "launch_relu(x[:1], torch.empty_like(x[:1]))\nif key not in CACHE:".replace("\n", "\n        ")
+    )
+    honest, cached = evaluator.evaluate_group(
+        BIG_RELU, [CORRECT, probe_cache], ScoreOptions(backend="triton", device="cuda")
+    ).verdicts
     assert honest.correct and honest.speedup is not None and 0.5 < honest.speedup < 2.0, honest.reason
     assert not (cached.correct and cached.speedup is not None and cached.speedup > 1.5), cached.reason
     if cached.correct:

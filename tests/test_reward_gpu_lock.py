@@ -18,8 +18,10 @@ from services.children.device import gpu_lock
 @contextmanager
 def child_holding(path: Path, *, exclusive: bool) -> Iterator[None]:
     """Another process holding the lock, as a child does around its GPU work."""
-    code = ("import sys; from services.children.device import gpu_lock; "
-            f"held = gpu_lock({str(path)!r}, exclusive={exclusive}); held.__enter__(); print('held', flush=True); sys.stdin.read()")
+    code = (
+        "import sys; from services.children.device import gpu_lock; "
+        f"held = gpu_lock({str(path)!r}, exclusive={exclusive}); held.__enter__(); print('held', flush=True); sys.stdin.read()"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
@@ -104,9 +106,17 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
 
     lock = tmp_path / "gpu.lock"
     with child_holding(lock, exclusive=False):
-        timing = subprocess.Popen([sys.executable, "-c", "import sys; from services.children.device import gpu_lock\n"
-                                   f"with gpu_lock({str(lock)!r}, exclusive=True):\n    print('timing', flush=True); sys.stdin.read()"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        timing = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from services.children.device import gpu_lock\n"
+                f"with gpu_lock({str(lock)!r}, exclusive=True):\n    print('timing', flush=True); sys.stdin.read()",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 30
             while can_take(Path(f"{lock}.gate"), fcntl.LOCK_EX):  # until the timing waits, holding the gate

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import pytest
 
 from reward_cases import COPY_KERNEL, CORRECT, RELU_REFERENCE, kernel_candidate, module
-from reward_svc.evaluate import EvalOptions, Evaluator
+from reward_svc.evaluate import Evaluator
 from reward_svc.policy import check_source
-from reward_svc.verdict import Verdict
+from services.schemas.reward import ScoreOptions, Verdict
 
-CPU = EvalOptions(backend="triton", device="cpu", timeout_s=120)
+CPU = ScoreOptions(backend="triton", device="cpu", timeout_s=120)
 
 
 def verdicts(evaluator: Evaluator, reference: str, candidates: dict[str, str]) -> dict[str, Verdict]:
@@ -30,8 +30,11 @@ def verdicts(evaluator: Evaluator, reference: str, candidates: dict[str, str]) -
 
 
 def assert_caught(results: dict[str, Verdict], *guards: str) -> None:
-    wrong = {name: f"{v.status}/{v.guard}: {v.reason[:200]}" for name, v in results.items()
-             if v.correct or (v.status == "rejected" and v.guard not in guards)}
+    wrong = {
+        name: f"{v.status}/{v.guard}: {v.reason[:200]}"
+        for name, v in results.items()
+        if v.correct or (v.status == "rejected" and v.guard not in guards)
+    }
     assert not wrong, wrong
 
 
@@ -61,26 +64,34 @@ SOFTMAX = module("return torch.softmax(inputs[0], dim=1)", "[torch.randn(8, 128)
 SOFTMAX_COPIES = {
     "log_softmax exp": "y = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn torch.log_softmax(y, dim=1).exp()",
     "exp over sum": "y = launch_copy(inputs[0], torch.empty_like(inputs[0]))\ne = (y - y.amax(1, keepdim=True)).exp()\n"
-                    "return e / e.sum(1, keepdim=True)",
+    "return e / e.sum(1, keepdim=True)",
 }
 MULADD = module("return inputs[0] * inputs[1] + inputs[2]", "[torch.randn(4, 1024), torch.randn(4, 1024), torch.randn(4, 1024)]")
 MULADD_COPIES = {
     "addcmul": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn torch.addcmul(inputs[2], a, inputs[1])",
     "a matmul of inner size 1": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\n"
-                                "return torch.baddbmm(inputs[2].reshape(-1, 1, 1), a.reshape(-1, 1, 1), inputs[1].reshape(-1, 1, 1)).reshape(a.shape)",
+    "return torch.baddbmm(inputs[2].reshape(-1, 1, 1), a.reshape(-1, 1, 1), inputs[1].reshape(-1, 1, 1)).reshape(a.shape)",
     "a sum of pairs": "a = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn torch.stack([a * inputs[1], inputs[2]]).sum(0)",
 }
 
 
 @pytest.mark.slow  # sandboxed children
-@pytest.mark.parametrize(("reference", "forwards"), [
-    pytest.param(RELU_REFERENCE.replace("def forward(self, x)", "def forward(self, *inputs)").replace("relu(x)", "relu(inputs[0])"),
-                 RELU_COPIES, id="relu"),
-    pytest.param(MATMUL, MATMUL_COPIES, id="matmul"),
-    pytest.param(SOFTMAX, SOFTMAX_COPIES, id="softmax"),
-    pytest.param(MULADD, MULADD_COPIES, id="muladd"),
-])
-def test_pytorch_computing_on_a_kernels_copy_is_pytorch_fallback(evaluator: Evaluator, reference: str, forwards: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("reference", "forwards"),
+    [
+        pytest.param(
+            RELU_REFERENCE.replace("def forward(self, x)", "def forward(self, *inputs)").replace("relu(x)", "relu(inputs[0])"),
+            RELU_COPIES,
+            id="relu",
+        ),
+        pytest.param(MATMUL, MATMUL_COPIES, id="matmul"),
+        pytest.param(SOFTMAX, SOFTMAX_COPIES, id="softmax"),
+        pytest.param(MULADD, MULADD_COPIES, id="muladd"),
+    ],
+)
+def test_pytorch_computing_on_a_kernels_copy_is_pytorch_fallback(
+    evaluator: Evaluator, reference: str, forwards: dict[str, str]
+) -> None:
     """The only kernel copies an input; PyTorch computes the answer from the copy with a synonym of the
     reference's op or a decomposition of it. Derived from kernel-written data, it is still PyTorch's work."""
     results = verdicts(evaluator, reference, {name: kernel_candidate(f) for name, f in forwards.items()})
@@ -90,23 +101,26 @@ def test_pytorch_computing_on_a_kernels_copy_is_pytorch_fallback(evaluator: Eval
 
 # --- nudged and partial work ---------------------------------------------------------------------------
 
-NUDGE_KERNEL = COPY_KERNEL + '''
+NUDGE_KERNEL = (
+    COPY_KERNEL
+    + """
 @triton.jit
 def nudge_kernel(out_ptr):
     tl.store(out_ptr, tl.load(out_ptr) + 1e-7)
-'''
+"""
+)
 RELU = RELU_REFERENCE.replace("def forward(self, x)", "def forward(self, *inputs)").replace("relu(x)", "relu(inputs[0])")
 PARTIAL = {
     "one element nudged": "out = torch.relu(inputs[0])\nnudge_kernel[(1,)](out)\nreturn out",
     "64 elements by the kernel": "flat = inputs[0].reshape(-1)\nout = torch.empty_like(flat)\nlaunch_relu(flat[:64], out[:64])\n"
-                                 "out[64:] = torch.relu(flat[64:])\nreturn out.view_as(inputs[0])",
+    "out[64:] = torch.relu(flat[64:])\nreturn out.view_as(inputs[0])",
     "kernel row overwritten by PyTorch": "out = torch.empty_like(inputs[0])\nlaunch_relu(inputs[0], out)\nout[1:] = torch.relu(inputs[0][1:])\n"
-                                         "return out",
+    "return out",
     "a quarter by the kernel": "x = inputs[0]\nout = torch.empty_like(x)\nlaunch_relu(x[0], out[0])\nout[1:] = x[1:].clamp(min=0)\nreturn out",
     "kernel epilogue adds a tiny value": "out = torch.relu(inputs[0])\nlaunch_copy(out + 1e-7, out)\nreturn out",
     "every other row by the kernel": "x = inputs[0]\nout = torch.empty_like(x)\neven = x[0::2].contiguous()\n"
-                                     "out[0::2] = launch_relu(even, torch.empty_like(even))\nout[1::2] = torch.clamp(x[1::2], min=0)\n"
-                                     "return out",
+    "out[0::2] = launch_relu(even, torch.empty_like(even))\nout[1::2] = torch.clamp(x[1::2], min=0)\n"
+    "return out",
 }
 
 
@@ -126,16 +140,16 @@ def test_nudged_or_partial_kernel_work_does_not_pay(evaluator: Evaluator) -> Non
 INVISIBLE_STATIC = {  # refused before anything runs
     "numpy in place": "out = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nv = out.numpy()\nv[v < 0] = 0\nreturn out",
     "tolist loop": "vals = [max(v, 0.0) for v in inputs[0].reshape(-1).tolist()]\n"
-                   "return launch_copy(torch.tensor(vals).view_as(inputs[0]), torch.empty_like(inputs[0]))",
+    "return launch_copy(torch.tensor(vals).view_as(inputs[0]), torch.empty_like(inputs[0]))",
     "apply_": "y = launch_copy(inputs[0], torch.empty_like(inputs[0]))\nreturn y.apply_(lambda v: max(v, 0.0))",
     "numpy import": "import numpy as np\nreturn torch.from_numpy(np.maximum(inputs[0], 0))",
 }
 INVISIBLE_RUNTIME = {  # allowed syntax, caught by the count of values read into Python
     "float loop": "vals = [max(float(v), 0.0) for v in inputs[0].reshape(-1)]\n"
-                  "return launch_copy(torch.tensor(vals).view_as(inputs[0]), torch.empty_like(inputs[0]))",
+    "return launch_copy(torch.tensor(vals).view_as(inputs[0]), torch.empty_like(inputs[0]))",
     "item loop into a kernel-zeroed buffer": "flat = inputs[0].reshape(-1)\nout = launch_copy(flat * 0, torch.empty_like(flat))\n"
-                                             "for i in range(flat.numel()):\n    out[i] = max(flat[i].item(), 0.0)\n"
-                                             "return out.view_as(inputs[0])",
+    "for i in range(flat.numel()):\n    out[i] = max(flat[i].item(), 0.0)\n"
+    "return out.view_as(inputs[0])",
 }
 
 
@@ -158,23 +172,30 @@ FITTED = {  # (reference forward, get_inputs, a kernel right only on get_inputs'
     "relu skipped": ("return torch.relu(inputs[0])", "[torch.rand(4, 1024)]", "identity_kernel", "tl.maximum(x, 0.0)"),
     "abs skipped": ("return torch.abs(inputs[0])", "[torch.rand(4, 1024)]", "identity_kernel", "tl.abs(x)"),
     "exp as a polynomial": ("return torch.exp(inputs[0])", "[torch.rand(4, 1024) * 0.1]", "1.0 + x + x * x * 0.5", "tl.exp(x)"),
-    "sigmoid as a line": ("return torch.sigmoid(inputs[0])", "[torch.rand(4, 1024) * 0.1]", "0.5 + x * 0.25",
-                          "1.0 / (1.0 + tl.exp(-x))"),
+    "sigmoid as a line": (
+        "return torch.sigmoid(inputs[0])",
+        "[torch.rand(4, 1024) * 0.1]",
+        "0.5 + x * 0.25",
+        "1.0 / (1.0 + tl.exp(-x))",
+    ),
 }
-ELEMENTWISE = '''
+ELEMENTWISE = """
 @triton.jit
 def elementwise_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask)
     tl.store(out_ptr + offsets, EXPRESSION, mask=mask)
-'''
+"""
 
 
 def _elementwise(expression: str) -> str:
     kernel = COPY_KERNEL if expression == "identity_kernel" else ELEMENTWISE.replace("EXPRESSION", expression)
-    launch = "launch_copy(x, out)" if expression == "identity_kernel" else \
-        "elementwise_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)"
+    launch = (
+        "launch_copy(x, out)"
+        if expression == "identity_kernel"
+        else "elementwise_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)"
+    )
     return kernel_candidate(f"x = inputs[0]\nout = torch.empty_like(x)\n{launch}\nreturn out", kernel)
 
 
@@ -194,15 +215,16 @@ def test_a_kernel_fitted_to_the_input_distribution_fails_the_hidden_ones(evaluat
 @pytest.mark.slow  # sandboxed children
 def test_hidden_distributions_give_way_where_the_reference_is_not_finite_on_them(evaluator: Evaluator) -> None:
     """A log of [0, 1) inputs is NaN on negative ones: those trials keep get_inputs()' own values."""
-    evaluation = evaluator.evaluate_group(module("return torch.log(inputs[0] + 1e-3)", "[torch.rand(4, 1024)]"),
-                                          [_elementwise("tl.log(x + 1e-3)")], CPU)
+    evaluation = evaluator.evaluate_group(
+        module("return torch.log(inputs[0] + 1e-3)", "[torch.rand(4, 1024)]"), [_elementwise("tl.log(x + 1e-3)")], CPU
+    )
     assert evaluation.reference["distributions"] == ["native", "native", "native"]
     assert evaluation.verdicts[0].correct, evaluation.verdicts[0].reason
 
 
 # --- honest kernels the stricter guards must pass ------------------------------------------------------
 
-TRITON_OP = '''
+TRITON_OP = """
 from torch.library import triton_op, wrap_triton
 
 
@@ -211,28 +233,28 @@ def relu_op(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     wrap_triton(relu_kernel)[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
     return out
-'''
-CUSTOM_OP = '''
+"""
+CUSTOM_OP = """
 @torch.library.custom_op("kz_test::relu_custom", mutates_args=())
 def relu_custom(x: torch.Tensor) -> torch.Tensor:
     return launch_relu(x.contiguous(), torch.empty_like(x))
-'''
-AUTOTUNED = '''
+"""
+AUTOTUNED = """
 @triton.autotune(configs=[triton.Config({"BLOCK": 256}), triton.Config({"BLOCK": 512}), triton.Config({"BLOCK": 1024})], key=["n"])
 @triton.jit
 def tuned_relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(out_ptr + offsets, tl.maximum(tl.load(x_ptr + offsets, mask=mask), 0.0), mask=mask)
-'''
-SCALE_KERNEL = '''
+"""
+SCALE_KERNEL = """
 @triton.jit
 def scale_kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * scale, mask=mask)
-'''
-SOFTMAX_GIVEN_MAX = '''
+"""
+SOFTMAX_GIVEN_MAX = """
 @triton.jit
 def softmax_given_max_kernel(x_ptr, m_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -241,35 +263,59 @@ def softmax_given_max_kernel(x_ptr, m_ptr, out_ptr, n_cols, BLOCK: tl.constexpr)
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf"))
     e = tl.exp(x - tl.load(m_ptr + row))
     tl.store(out_ptr + row * n_cols + cols, e / tl.sum(e, axis=0), mask=mask)
-'''
+"""
 HONEST = {
     "triton_op": (RELU, kernel_candidate("return relu_op(inputs[0])", TRITON_OP)),
     "custom_op": (RELU, kernel_candidate("return relu_custom(inputs[0])", CUSTOM_OP)),
-    "autotune": (RELU, kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\n"
-                                        "tuned_relu_kernel[lambda meta: (triton.cdiv(x.numel(), meta['BLOCK']),)](x, out, x.numel())\n"
-                                        "return out", AUTOTUNED)),
-    "private buffer": (RELU, CORRECT.replace("def forward(self, x):\n        return launch_relu(x, torch.empty_like(x))",
-                                             "def __init__(self):\n        super().__init__()\n        self._scratch = None\n\n"
-                                             "    def forward(self, x):\n        self._scratch = torch.empty_like(x)\n"
-                                             "        return launch_relu(x, self._scratch)")),
+    "autotune": (
+        RELU,
+        kernel_candidate(
+            "x = inputs[0]\nout = torch.empty_like(x)\n"
+            "tuned_relu_kernel[lambda meta: (triton.cdiv(x.numel(), meta['BLOCK']),)](x, out, x.numel())\n"
+            "return out",
+            AUTOTUNED,
+        ),
+    ),
+    "private buffer": (
+        RELU,
+        CORRECT.replace(
+            "def forward(self, x):\n        return launch_relu(x, torch.empty_like(x))",
+            "def __init__(self):\n        super().__init__()\n        self._scratch = None\n\n"
+            "    def forward(self, x):\n        self._scratch = torch.empty_like(x)\n"
+            "        return launch_relu(x, self._scratch)",
+        ),
+    ),
 }
 GLUE = {  # PyTorch does part of the reference's work around a kernel that does the rest
     "kernel scales, PyTorch clamps": (
         module("return torch.clamp(inputs[0] * 3.0, -1.0, 1.0)", "[torch.randn(4, 1024)]"),
-        kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\nscale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), 3.0, "
-                         "BLOCK=1024)\nreturn torch.clamp(out, -1.0, 1.0)", SCALE_KERNEL)),
+        kernel_candidate(
+            "x = inputs[0]\nout = torch.empty_like(x)\nscale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), 3.0, "
+            "BLOCK=1024)\nreturn torch.clamp(out, -1.0, 1.0)",
+            SCALE_KERNEL,
+        ),
+    ),
     "PyTorch multiplies, the kernel does the ReLU": (
         module("return torch.relu(inputs[0] @ inputs[1])", "[torch.randn(16, 64), torch.randn(64, 64)]"),
-        kernel_candidate("y = inputs[0] @ inputs[1]\nreturn launch_relu(y, torch.empty_like(y))")),
+        kernel_candidate("y = inputs[0] @ inputs[1]\nreturn launch_relu(y, torch.empty_like(y))"),
+    ),
     "PyTorch takes the row maxima, the kernel the rest of a softmax": (
         SOFTMAX,
-        kernel_candidate("x = inputs[0].contiguous()\nm = x.amax(dim=1).contiguous()\nout = torch.empty_like(x)\n"
-                         "softmax_given_max_kernel[(x.shape[0],)](x, m, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))\n"
-                         "return out", SOFTMAX_GIVEN_MAX)),
+        kernel_candidate(
+            "x = inputs[0].contiguous()\nm = x.amax(dim=1).contiguous()\nout = torch.empty_like(x)\n"
+            "softmax_given_max_kernel[(x.shape[0],)](x, m, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))\n"
+            "return out",
+            SOFTMAX_GIVEN_MAX,
+        ),
+    ),
     "the kernel scales, PyTorch applies a ReLU": (
         module("return torch.relu(inputs[0] * 2.0)", "[torch.randn(4, 1024)]"),
-        kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\nscale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), 2.0, "
-                         "BLOCK=1024)\nreturn torch.relu(out)", SCALE_KERNEL)),
+        kernel_candidate(
+            "x = inputs[0]\nout = torch.empty_like(x)\nscale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), 2.0, "
+            "BLOCK=1024)\nreturn torch.relu(out)",
+            SCALE_KERNEL,
+        ),
+    ),
 }
 
 
@@ -297,19 +343,23 @@ FORGERS = {  # each would need the static policy's refusal lifted; the runtime l
     "replaces the harness's launch counter": (
         "import sys\nLC = sys.modules['reward_svc.harness.instrument'].LaunchCounter\n"
         "LC.around = lambda self, label, call, args, kwargs: (self.launches.update([label]), call())[1]",
-        "return torch.relu(x)"),
+        "return torch.relu(x)",
+    ),
     "writes its own result and exits": (
         "import json, os",
         "open('result.json', 'w').write(json.dumps({'status': 'ok', 'observations': {'launches_per_case': [1, 1, 1]}}))\n"
-        "os._exit(0)"),
+        "os._exit(0)",
+    ),
     "walks the heap for the counter": (
-        "import gc", "counters = [o for o in gc.get_objects() if type(o).__name__ == 'LaunchCounter']\nreturn launch_relu(x, torch.empty_like(x))"),
-    "shadows a method on its output": (
-        "", "out = launch_relu(x, torch.empty_like(x))\nout.clone = lambda: out\nreturn out"),
+        "import gc",
+        "counters = [o for o in gc.get_objects() if type(o).__name__ == 'LaunchCounter']\nreturn launch_relu(x, torch.empty_like(x))",
+    ),
+    "shadows a method on its output": ("", "out = launch_relu(x, torch.empty_like(x))\nout.clone = lambda: out\nreturn out"),
     "returns a tensor subclass": (
-        "class Sly(torch.Tensor):\n    pass", "return launch_relu(x, torch.empty_like(x)).as_subclass(Sly)"),
-    "writes outside its directory": (
-        "", "open('/work-kz-forged', 'w').write('x')\nreturn launch_relu(x, torch.empty_like(x))"),
+        "class Sly(torch.Tensor):\n    pass",
+        "return launch_relu(x, torch.empty_like(x)).as_subclass(Sly)",
+    ),
+    "writes outside its directory": ("", "open('/work-kz-forged', 'w').write('x')\nreturn launch_relu(x, torch.empty_like(x))"),
 }
 
 
@@ -321,7 +371,9 @@ def policy_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _forger(extra: str, forward: str) -> str:
     body = "\n".join("        " + line for line in forward.strip().splitlines())
-    return CORRECT.split("\n\nclass ModelNew")[0] + f"\n{extra}\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n{body}\n"
+    return (
+        CORRECT.split("\n\nclass ModelNew")[0] + f"\n{extra}\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n{body}\n"
+    )
 
 
 @pytest.mark.slow  # sandboxed children
@@ -340,7 +392,8 @@ def test_evidence_forged_in_the_candidates_process_is_caught_behind_the_policy(e
 
 @pytest.mark.slow  # sandboxed children
 def test_secrets_the_candidate_reads_never_come_back_in_a_verdict(
-        kz_env: Callable[..., object], policy_off: None, tmp_path: object) -> None:
+    kz_env: Callable[..., object], policy_off: None, tmp_path: object
+) -> None:
     """The worker's .env (its settings source, beside it in the cwd) is out of the child's sight; in
     the fallback isolation, where it is not, the verdict's reason still has it taken out."""
     from pathlib import Path
@@ -362,20 +415,25 @@ def test_secrets_the_candidate_reads_never_come_back_in_a_verdict(
 # Computes only where uninitialised memory comes back NaN (the replays once; every judged call now),
 # and returns a plain copy of its input (wrong) elsewhere: right in every judged call proves the
 # trials cannot be told from the replays that way.
-TELLS_REPLAYS_APART = ("x = inputs[0]\nout = torch.empty_like(x)\nif bool(torch.isnan(torch.empty(1)).all()):\n"
-                       "    return launch_relu(x, out)\nreturn launch_copy(x, out)")
+TELLS_REPLAYS_APART = (
+    "x = inputs[0]\nout = torch.empty_like(x)\nif bool(torch.isnan(torch.empty(1)).all()):\n"
+    "    return launch_relu(x, out)\nreturn launch_copy(x, out)"
+)
 EVASIONS = {  # each passed once; the policy allows every one of them
     "raises when the knockout poisons its sentinel": (
         "x = inputs[0]\nsentinel = torch.ones(1)\nlaunch_relu(-sentinel, sentinel)\nif float(sentinel[0]) != 0.0:\n"
-        "    raise RuntimeError('tampered')\nout = torch.empty_like(x)\nlaunch_copy(torch.relu(x * 0.5) * 2.0, out)\nreturn out"),
+        "    raise RuntimeError('tampered')\nout = torch.empty_like(x)\nlaunch_copy(torch.relu(x * 0.5) * 2.0, out)\nreturn out"
+    ),
     "packs the host's share into 64-bit values": (
         "x = inputs[0]\nflat = x.reshape(-1)\nhead = flat[:2048].contiguous().view(torch.int64)\n"
         "packed = [int(v) for v in head]\nout = torch.relu(flat)\nout[:2048] = torch.tensor(packed, dtype=torch.int64).view(torch.float32).clamp(min=0)\n"
-        "return launch_copy(out, torch.empty_like(out)).view_as(x)"),
+        "return launch_copy(out, torch.empty_like(out)).view_as(x)"
+    ),
     "a kernel computes 11% and copies PyTorch's 89%": (
         "x = inputs[0]\nflat = x.reshape(-1)\ncut = flat.numel() * 89 // 100\nout = torch.empty_like(flat)\n"
         "out[:cut] = torch.relu(flat[:cut])\nrest = flat[cut:].contiguous()\nout[cut:] = launch_relu(rest, torch.empty_like(rest))\n"
-        "return launch_copy(out, torch.empty_like(out)).view_as(x)"),
+        "return launch_copy(out, torch.empty_like(out)).view_as(x)"
+    ),
 }
 
 
@@ -398,9 +456,12 @@ def test_forwards_that_evade_the_first_version_of_the_guards_are_caught(evaluato
 def test_pytorch_inside_a_launch_hook_is_pytorch_work(evaluator: Evaluator, policy_off: None) -> None:
     """A Triton launch hook (the policy refuses one) runs inside the counted launch: its PyTorch ops
     still count as the forward's."""
-    hooked = kernel_candidate("x = inputs[0]\nout = torch.empty_like(x)\nHOOK.append((x, out))\nlaunch_copy(x[:1], torch.empty_like(x[:1]))\n"
-                              "return out", COPY_KERNEL + "\nHOOK = []\n\n\ndef fill(*args, **kwargs):\n    for src, dst in HOOK:\n"
-                              "        dst.copy_(torch.relu(src))\n    HOOK.clear()\n\n\ncopy_kernel.add_pre_run_hook(fill)\n")
+    hooked = kernel_candidate(
+        "x = inputs[0]\nout = torch.empty_like(x)\nHOOK.append((x, out))\nlaunch_copy(x[:1], torch.empty_like(x[:1]))\n"
+        "return out",
+        COPY_KERNEL + "\nHOOK = []\n\n\ndef fill(*args, **kwargs):\n    for src, dst in HOOK:\n"
+        "        dst.copy_(torch.relu(src))\n    HOOK.clear()\n\n\ncopy_kernel.add_pre_run_hook(fill)\n",
+    )
     assert check_source(hooked)
     verdict = verdicts(evaluator, RELU, {"hooked": hooked})["hooked"]
     assert not verdict.correct and verdict.guard in ("pytorch_fallback", "decoy_kernel"), verdict.reason

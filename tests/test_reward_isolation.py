@@ -18,18 +18,18 @@ from typing import Any
 import pytest
 import torch
 
+from reward_svc import verify
+from reward_svc.build_cache import BuildCache, artefacts
+from reward_svc.redact import Redactor
+from reward_svc.triton_layers import HARNESS_CHILD
+from services.children import tensors
+from services.children.device import DeviceLock, gpu_lock
+from services.children.layout import Layout
+from services.children.pool import FORGED_RESULT, ChildPool
 from services.config import Settings
 from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
-from reward_svc import verify
-from reward_svc.build_cache import BuildCache, artefacts
-from services.children import tensors
-from services.children.device import DeviceLock, gpu_lock
-from reward_svc.redact import Redactor
-from reward_svc.triton_layers import HARNESS_CHILD
-from services.children.layout import Layout
-from services.children.pool import FORGED_RESULT, ChildPool
-from reward_svc.verdict import Verdict
+from services.schemas.reward import Verdict
 
 REPO = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(bwrap_probe()[0] is None, reason="what a child sees is bwrap's to decide")
@@ -55,14 +55,26 @@ def test_a_child_sees_its_own_dirs_and_the_system_and_nothing_else(kz_env: Calla
         Path(layout.gpu_lock("cuda")).touch()
         settings.api_key_file.write_text("kz-canary-local-key")
         probes = {
-            "own work dir": str(mine.workdir), "own inbox": str(mine.inbox), "own build inbox": str(mine.build_inbox),
-            "worker's .env": str(Path(".env").resolve()), "checkout README": str(REPO / "README.md"),
-            "checkout .git": str(REPO / ".git"), "shadow": "/etc/shadow", "other work dir": str(other.workdir),
-            "other inbox": str(other.inbox), "exchange": str(layout.exchange), "cache": str(build),
-            "locks": str(layout.locks), "local API key": str(settings.api_key_file), "var": "/var/lib", "srv": "/srv",
+            "own work dir": str(mine.workdir),
+            "own inbox": str(mine.inbox),
+            "own build inbox": str(mine.build_inbox),
+            "worker's .env": str(Path(".env").resolve()),
+            "checkout README": str(REPO / "README.md"),
+            "checkout .git": str(REPO / ".git"),
+            "shadow": "/etc/shadow",
+            "other work dir": str(other.workdir),
+            "other inbox": str(other.inbox),
+            "exchange": str(layout.exchange),
+            "cache": str(build),
+            "locks": str(layout.locks),
+            "local API key": str(settings.api_key_file),
+            "var": "/var/lib",
+            "srv": "/srv",
         }
         code = "import json, os, sys; print(json.dumps({k: os.path.exists(v) for k, v in json.loads(sys.argv[1]).items()}))"
-        result = run_sandboxed([sys.executable, "-c", code, json.dumps(probes)], pool.confinement(mine.workdir, mine.inbox, mine.build_inbox))
+        result = run_sandboxed(
+            [sys.executable, "-c", code, json.dumps(probes)], pool.confinement(mine.workdir, mine.inbox, mine.build_inbox)
+        )
         seen = json.loads(result.stdout)
         assert {k for k, v in seen.items() if v} == {"own work dir", "own inbox", "own build inbox"}, result.stderr.decode()
         assert str(layout.locks) not in map(str, pool.confinement(mine.workdir).writable_dirs)
@@ -133,10 +145,12 @@ def test_a_result_file_the_harness_did_not_sign_is_a_forgery(kz_env: Callable[..
         pool.close()
 
 
-@pytest.mark.parametrize(("file", "plant"), [("result.json", "fifo"), ("result.json", "link"), ("audit.log", "fifo"),
-                                            ("audit.log", "link")])
+@pytest.mark.parametrize(
+    ("file", "plant"), [("result.json", "fifo"), ("result.json", "link"), ("audit.log", "fifo"), ("audit.log", "link")]
+)
 def test_a_childs_result_and_audit_log_are_read_without_following_or_blocking(
-        kz_env: Callable[..., Settings], tmp_path: Path, file: str, plant: str) -> None:
+    kz_env: Callable[..., Settings], tmp_path: Path, file: str, plant: str
+) -> None:
     """A result file or audit log made a FIFO (the worker once blocked on it for ever) or a link to a
     file of the host's (whose lines came back in the verdict's reason): the result is no result, and the
     audit lines are read through the descriptor the worker opened, whatever the child's name for them."""
@@ -172,8 +186,12 @@ def _judge_with(tmp_path: Path, plant: Callable[[Path], None]) -> Verdict:
     tensors.save(ref_dir / "expected_0.pt", torch.randn(64))
     plant(cand_dir / "output_0.pt")
     compare_files = verify.FileComparer(verify.Tolerance())
-    return verify.judge({"status": "ok", "cases": 1}, {"status": "ok", "observations": {"launches_per_case": [1]}},
-                        verify.TrialFiles(cand_dir, ref_dir, 1), compare_files)
+    return verify.judge(
+        {"status": "ok", "cases": 1},
+        {"status": "ok", "observations": {"launches_per_case": [1]}},
+        verify.TrialFiles(cand_dir, ref_dir, 1),
+        compare_files,
+    )
 
 
 def test_an_output_published_as_a_fifo_gets_a_verdict_at_once(tmp_path: Path) -> None:
@@ -200,16 +218,23 @@ def test_an_output_far_larger_than_the_answer_is_not_read(tmp_path: Path, monkey
 
 
 def test_a_child_result_can_never_be_a_verdict_of_its_own_choosing(tmp_path: Path) -> None:
-    verdict = verify.judge({"status": "ok", "cases": 1}, {"status": "correct", "reason": "trust me"},
-                           verify.TrialFiles(tmp_path, tmp_path, 1), verify.FileComparer(verify.Tolerance()))
+    verdict = verify.judge(
+        {"status": "ok", "cases": 1},
+        {"status": "correct", "reason": "trust me"},
+        verify.TrialFiles(tmp_path, tmp_path, 1),
+        verify.FileComparer(verify.Tolerance()),
+    )
     assert verdict.status == "runtime_error" and not verdict.correct
 
 
 def test_secrets_are_taken_out_of_reasons_and_details(kz_env: Callable[..., Settings]) -> None:
     Path(".env").write_text("KZ_CODER_OPENAI_API_KEY=sk-canary-from-dotenv\nOTHER=short\n")
     redactor = Redactor(kz_env(database_url="postgresql+psycopg://kz:pg-canary-password@db/kz"))
-    verdict = Verdict("runtime_error", "RuntimeError: sk-canary-from-dotenv " + "x" * 5000,
-                      details={"stderr_tail": "dsn postgresql+psycopg://kz:pg-canary-password@db/kz", "n": 3})
+    verdict = Verdict(
+        "runtime_error",
+        "RuntimeError: sk-canary-from-dotenv " + "x" * 5000,
+        details={"stderr_tail": "dsn postgresql+psycopg://kz:pg-canary-password@db/kz", "n": 3},
+    )
     redactor.verdict(verdict)
     assert "sk-canary" not in verdict.reason and len(verdict.reason) <= 2001
     assert "pg-canary-password" not in json.dumps(verdict.details) and verdict.details["n"] == 3

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reward_cases import CORRECT, HACKS
-from reward_svc.policy import check_native_sources
-from reward_svc.policy import check_source
+from reward_svc.policy import check_native_sources, check_source
 
 # Ways to reach sys.modules, the harness's objects or an evaluator of strings, each through a route
 # a deny-list of names misses: a builtin under another name, a helper that imports by dotted name,
@@ -78,19 +77,19 @@ ALLOWED = {
     "optional import": "try:\n    import triton\nexcept ImportError:\n    triton = None\nHAVE_TRITON = triton is not None",
     "triton_op imported by name": "from torch.library import triton_op, wrap_triton\nimport torch",
     "custom_op with a fake": "import torch\n@torch.library.custom_op('kz::f', mutates_args=())\ndef f(x: torch.Tensor) -> torch.Tensor:\n"
-                             "    return x.clone()\n@f.register_fake\ndef _(x):\n    return torch.empty_like(x)",
+    "    return x.clone()\n@f.register_fake\ndef _(x):\n    return torch.empty_like(x)",
     "private state of its own": "import torch.nn as nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                                "        self._buf = None\n    def _helper(self):\n        return self._buf\n",
+    "        self._buf = None\n    def _helper(self):\n        return self._buf\n",
     "libdevice": "from triton.language.extra import libdevice\nX = libdevice.tanh",
     "device properties": "import triton\ndef n():\n    return triton.runtime.driver.active.utils.get_device_properties(0)",
     "shapes and constants": "import torch, math\ndef f(x):\n    return x.stride(0), math.prod(x.shape), x.data_ptr() % 16, torch.finfo(x.dtype).eps",
     "an autograd function": "import torch\nclass F(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
-                            "        ctx.save_for_backward(x)\n        return x\nY = F.apply",
+    "        ctx.save_for_backward(x)\n        return x\nY = F.apply",
     "env and cpu count": "import os\nINTERP = os.getenv('TRITON_INTERPRET') == '1'\nN = os.cpu_count()",
     "autotune": "import triton\nimport triton.language as tl\n@triton.autotune(configs=[triton.Config({'B': 64}), triton.Config({'B': 128})], "
-                "key=['n'])\n@triton.jit\ndef k(x, n, B: tl.constexpr):\n    pid = tl.program_id(0)\n",
+    "key=['n'])\n@triton.jit\ndef k(x, n, B: tl.constexpr):\n    pid = tl.program_id(0)\n",
     "functools and operator": "import functools, operator\n@functools.lru_cache(None)\ndef f(n):\n    return n\n"
-                              "X = functools.reduce(operator.mul, [1, 2])\nP = functools.partial(operator.add, 1)",
+    "X = functools.reduce(operator.mul, [1, 2])\nP = functools.partial(operator.add, 1)",
     "tensor descriptor": "from triton.tools.tensor_descriptor import TensorDescriptor",
     "an unknown torch name (fails at run time, not here)": "import torch\nY = torch.kz_no_such_function",
     "cudnn benchmark, full precision": "import torch\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cuda.matmul.allow_tf32 = False",
@@ -116,7 +115,7 @@ def test_the_hack_catalogue_keeps_its_static_verdicts() -> None:
             assert violations and violations[0].guard in wanted, (name, violations)
 
 
-GOOD_CUDA = r'''
+GOOD_CUDA = r"""
 #include <torch/extension.h>
 #include <cuda_runtime.h>
 // a comment may say fopen
@@ -132,7 +131,7 @@ torch::Tensor relu(torch::Tensor x) {
     const char* text = "system(\"ls\")";
     return y;
 }
-'''
+"""
 NATIVE_ESCAPES = {
     "fopen": 'void f() { FILE* f = fopen("result.json", "w"); }',
     "system": 'void f() { system("ls"); }',
@@ -141,7 +140,7 @@ NATIVE_ESCAPES = {
     "dlsym": 'void* p = dlsym(0, "system");',
     "pybind11 import": 'void f() { auto m = py::module_::import("sys"); }',
     "the CPython API": 'void f() { PyRun_SimpleString("import os"); }',
-    "token pasting": "#define J(a, b) a##b\nvoid f() { J(fo, pen)(\"x\", \"w\"); }",
+    "token pasting": '#define J(a, b) a##b\nvoid f() { J(fo, pen)("x", "w"); }',
     "host assembly": 'void f() { asm("syscall"); }',
     "an asm label at file scope": 'extern "C" int opener(const char*, int) __asm__("open");',
     "a file-stream header": "#include <fstream>\nvoid f() {}",
@@ -154,14 +153,17 @@ NATIVE_ESCAPES = {
 
 
 def test_native_sources_that_reach_the_os_or_the_interpreter_are_refused() -> None:
-    assert check_native_sources("torch::Tensor relu(torch::Tensor x);", GOOD_CUDA, functions=["relu"],
-                                extra_cuda_cflags=["-O3", "--use_fast_math"]) is None
+    assert (
+        check_native_sources(
+            "torch::Tensor relu(torch::Tensor x);", GOOD_CUDA, functions=["relu"], extra_cuda_cflags=["-O3", "--use_fast_math"]
+        )
+        is None
+    )
     passed = [name for name, source in NATIVE_ESCAPES.items() if check_native_sources("", source) is None]
     assert passed == []
     assert check_native_sources("", None, extra_cflags=["-Wl,--wrap=main"])  # the linker runs what it is told
     assert check_native_sources("", None, extra_cuda_cflags=["-Xcompiler", "-fplugin=/tmp/p.so"])
     assert check_native_sources("", None, extra_ldflags=["-lcublas"]) is None
-
 
 
 # Found by a third attack on the allow-list: each passed it once.
@@ -179,7 +181,7 @@ THIRD_ROUND = {
     "autocast": "import torch\ndef f(x):\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        return x @ x",
 }
 THIRD_ROUND_NATIVE = {
-    "a function pointer by brace initialisation": "void f() { int (*run)(const char*){system}; run(\"id\"); }",
+    "a function pointer by brace initialisation": 'void f() { int (*run)(const char*){system}; run("id"); }',
     "a libc function declared by the source": 'extern "C" int creat64(const char*, int);\nvoid f() { creat64("x", 0644); }',
     "pybind11's namespace aliased": "namespace q = py;\nvoid f() { q::globals(); }",
     "pybind11's namespace opened": "using namespace pybind11;\nvoid f() { globals(); }",
@@ -202,26 +204,31 @@ def test_third_round_native_routes_are_refused() -> None:
 FOURTH_ROUND = {
     "a string nested in a parameter annotation": (
         "import torch\n@torch.library.custom_op('kz::f', mutates_args=())\n"
-        "def f(x: list[\"__import__('sys').modules\"]) -> torch.Tensor:\n    return x[0]"),
+        "def f(x: list[\"__import__('sys').modules\"]) -> torch.Tensor:\n    return x[0]"
+    ),
     "a string nested in a return annotation": (
         "import torch\nfrom torch.library import triton_op\n@triton_op('kz::g', mutates_args=())\n"
-        "def g(x: torch.Tensor) -> tuple[\"exec('1') or torch.Tensor\"]:\n    return (x,)"),
+        "def g(x: torch.Tensor) -> tuple[\"exec('1') or torch.Tensor\"]:\n    return (x,)"
+    ),
     "a string two levels down": "import typing, torch\ndef h(x: dict[str, typing.Optional[\"open('/etc/shadow')\"]]):\n    pass",
     "a string inside a string annotation": "def h(x: \"list['__import__(1)']\"):\n    pass",
     "a nested string that is no expression": "def h(x: list['import sys']):\n    pass",
     "getattr of a string's format": "def f(x):\n    return getattr('{0.__class__}', 'format')(x)",
     "getattr of format_map": "def f(s, d):\n    return getattr(s, 'format_map')(d)",
     "a computed name that can spell format": (
-        "class S(str):\n    def fmt(self, tail, x):\n        return getattr(self, f'form{tail}')(x)"),
+        "class S(str):\n    def fmt(self, tail, x):\n        return getattr(self, f'form{tail}')(x)"
+    ),
     "a pluggable allocator": "import torch\nA = torch.cuda.CUDAPluggableAllocator('/tmp/x.so', 'a', 'f')",
     "storage over a buffer": "import torch\nS = torch.UntypedStorage.from_buffer(b'1234', byte_order='little')",
     "triton.compile": "import triton\nK = triton.compile",
     "a kernel registered for one device": (
         "import torch\n@torch.library.custom_op('kz::d', mutates_args=())\ndef d(x: torch.Tensor) -> torch.Tensor:\n"
-        "    return x.clone()\nd.register_kernel('cuda', lambda x: x)"),
+        "    return x.clone()\nd.register_kernel('cuda', lambda x: x)"
+    ),
     "an op's own dispatch rule": (
         "import torch\n@torch.library.custom_op('kz::e', mutates_args=())\ndef e(x: torch.Tensor) -> torch.Tensor:\n"
-        "    return x.clone()\ne.register_torch_dispatch(object, lambda *a: None)"),
+        "    return x.clone()\ne.register_torch_dispatch(object, lambda *a: None)"
+    ),
 }
 
 
@@ -231,7 +238,9 @@ def test_fourth_round_routes_are_refused(name: str) -> None:
 
 
 def test_annotations_a_kernel_writes_still_pass() -> None:
-    source = ("import torch\nfrom typing import Optional\n@torch.library.custom_op('kz::ok', mutates_args=())\n"
-              "def ok(x: torch.Tensor, scale: Optional[float] = None, sizes: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:\n"
-              "    return x.clone(), x.clone()\n\n\ndef f(x: 'torch.Tensor') -> 'Optional[torch.Tensor]':\n    return x")
+    source = (
+        "import torch\nfrom typing import Optional\n@torch.library.custom_op('kz::ok', mutates_args=())\n"
+        "def ok(x: torch.Tensor, scale: Optional[float] = None, sizes: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:\n"
+        "    return x.clone(), x.clone()\n\n\ndef f(x: 'torch.Tensor') -> 'Optional[torch.Tensor]':\n    return x"
+    )
     assert check_source(source) == []

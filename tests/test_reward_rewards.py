@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from reward_svc.rewards import CAGRPOConfig, group_rewards
+from reward_svc.rewards import group_rewards
+from services.schemas.reward import CAGRPOConfig
 
 
 def test_below_threshold_rewards_correctness_only() -> None:
@@ -20,7 +21,7 @@ def test_below_threshold_rewards_correctness_only() -> None:
 
 def test_at_threshold_fast_correct_kernels_earn_more() -> None:
     # 2 of 4 correct (ρ = 0.5): log-speedup clipped to ±1, λ = 0.5.
-    result = group_rewards([True, True, False, False], [math.e ** 0.5, 0.5, None, None])
+    result = group_rewards([True, True, False, False], [math.e**0.5, 0.5, None, None])
     assert result.speed_rewarded
     assert result.rewards == pytest.approx([1 + 0.5 * 0.5, 1 + 0.5 * math.log(0.5), 0.0, 0.0])
     mean = sum(result.rewards) / 4

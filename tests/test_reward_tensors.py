@@ -34,8 +34,10 @@ def test_the_judge_reads_case_0_expected_once_for_its_three_comparisons(tmp_path
     load = tensors.load
     monkeypatch.setattr(verify.tensors, "load", lambda path, *a, **k: loaded.append(path.name) or load(path, *a, **k))
     compare_files = verify.FileComparer(verify.Tolerance())
-    verdicts = [compare_files(tmp_path / "output.pt", tmp_path / f"{name}.pt")[0]
-                for name in ("expected_0", "expected_1", "expected_0", "expected_0")]
+    verdicts = [
+        compare_files(tmp_path / "output.pt", tmp_path / f"{name}.pt")[0]
+        for name in ("expected_0", "expected_1", "expected_0", "expected_0")
+    ]
     assert verdicts == [True, False, True, True]
     assert loaded.count("expected_0.pt") == 1 and loaded.count("expected_1.pt") == 1
 
@@ -82,8 +84,12 @@ def _trial_files(tmp_path: Path, key: int) -> tuple[dict, Path, Path]:
     for case, value in enumerate(expected):
         tensors.save(ref_dir / f"expected_{case}.pt", value)
     outputs = TrialOutputs(cand_dir, key)
-    for name, value in [("output_0", expected[0]), ("output_1", expected[1]), ("output_refresh", expected[0]),
-                        ("output_knockout", torch.full((64,), float("nan")))]:
+    for name, value in [
+        ("output_0", expected[0]),
+        ("output_1", expected[1]),
+        ("output_refresh", expected[0]),
+        ("output_knockout", torch.full((64,), float("nan"))),
+    ]:
         outputs.write(outputs.take(name, value.clone()))
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
     return result, ref_dir, cand_dir
@@ -173,8 +179,12 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     outputs = TrialOutputs(cand_dir, key, in_flight=1)
     published = []
     with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
-        for name, value in [("output_0", expected[0]), ("output_1", expected[1] + 1), ("output_refresh", expected[0]),
-                            ("output_knockout", torch.zeros(64))]:
+        for name, value in [
+            ("output_0", expected[0]),
+            ("output_1", expected[1] + 1),
+            ("output_refresh", expected[0]),
+            ("output_knockout", torch.zeros(64)),
+        ]:
             outputs.write(outputs.take(name, value.clone()))
             published.append(len(list(cand_dir.glob("output_*.pt"))))
     assert published == [1, 1, 1, 1]
@@ -227,7 +237,9 @@ def test_an_output_judged_early_is_held_to_the_bytes_its_trial_returned(tmp_path
     assert rewritten.guard == "output_tampering" and "rewritten" in rewritten.reason, rewritten.reason
 
 
-def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The child still runs while its outputs are judged: bytes it writes into a published file
     after the judge fingerprinted it must not be the ones compared (a mapped file would show them),
     and a directory planted under an output's name costs the candidate its verdict, not the group's."""

@@ -83,9 +83,7 @@ def test_rlimits_are_applied(mode: str) -> None:
 
 
 @pytest.mark.skipif(not HAS_BWRAP, reason="read-only root needs bwrap")
-def test_bwrap_root_is_read_only_and_writable_dirs_and_private_tmp_work(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bwrap_root_is_read_only_and_writable_dirs_and_private_tmp_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KZ_SANDBOX", "bwrap")
     work = tmp_path / "work"
     work.mkdir()
@@ -163,7 +161,9 @@ def test_bwrap_hides_secrets_home_and_run_but_binds_writable_dir_inside_hidden(
 def test_environment_is_clean(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KZ_SECRET_TOKEN", "s3cr3t-value")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-s3cr3t")
-    _, env = run_json("import json, os; print(json.dumps(dict(os.environ)))", Confinement(wall_timeout_s=20, env={"TRITON_INTERPRET": "1"}))
+    _, env = run_json(
+        "import json, os; print(json.dumps(dict(os.environ)))", Confinement(wall_timeout_s=20, env={"TRITON_INTERPRET": "1"})
+    )
     assert isinstance(env, dict)
     assert "s3cr3t" not in json.dumps(env)
     assert env["TRITON_INTERPRET"] == "1"
@@ -406,7 +406,14 @@ def test_gpu_policy_exposes_only_nvidia_nodes() -> None:
 )
 def test_describe(fields: dict[str, object], text: str) -> None:
     base: dict[str, object] = dict(
-        returncode=None, signal=None, timed_out=False, stdout=b"", stderr=b"",
-        stdout_truncated=False, stderr_truncated=False, wall_s=0.1, isolation="bwrap",
+        returncode=None,
+        signal=None,
+        timed_out=False,
+        stdout=b"",
+        stderr=b"",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        wall_s=0.1,
+        isolation="bwrap",
     )
     assert SandboxResult(**(base | fields)).describe() == text  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from coder_svc.best_of_n import LocalScorer, score_drafts
-from coder_svc.models.base import KernelBackend, KernelGenerator, Sampling
+from coder_svc.drafts import KernelBackend, KernelGenerator
+from services.llm.chat import Sampling
 from services.schemas.coder import CandidateReport
 from services.schemas.reward import ScoreOptions
 
@@ -38,7 +39,7 @@ LEVEL_DIR = re.compile(r"^level(\d+)$")
 
 @dataclass(frozen=True)
 class Problem:
-    id: str          # unique in the run: "level1/19_ReLU" or "19_ReLU" for a flat directory
+    id: str  # unique in the run: "level1/19_ReLU" or "19_ReLU" for a flat directory
     level: int | None
     path: Path
 
@@ -54,7 +55,9 @@ def discover(root: Path, levels: Iterable[int] | None = None, limit: int | None 
     ``limit`` keeps the first N problems of each level."""
     level_dirs = sorted((int(m.group(1)), d) for d in root.iterdir() if d.is_dir() and (m := LEVEL_DIR.match(d.name)))
     wanted = set(levels) if levels else None
-    groups: list[tuple[int | None, Path]] = [(n, d) for n, d in level_dirs if wanted is None or n in wanted] if level_dirs else [(None, root)]
+    groups: list[tuple[int | None, Path]] = (
+        [(n, d) for n, d in level_dirs if wanted is None or n in wanted] if level_dirs else [(None, root)]
+    )
     problems = []
     for level, directory in groups:
         files = sorted((p for p in directory.glob("*.py") if not p.name.startswith("_")), key=_order)[:limit]
@@ -81,7 +84,7 @@ def drop_partial_line(path: Path) -> None:
         return
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        path.write_bytes(data[:data.rfind(b"\n") + 1])
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 @dataclass
@@ -105,11 +108,14 @@ class Harness:
         """Evaluate what is missing; return every record of these problems (old and new)."""
         self.out.mkdir(parents=True, exist_ok=True)
         drop_partial_line(self.out / SAMPLES_FILE)
-        done = {(r["problem"], r["sample"]) for r in load_records(self.out) if r["status"] != ERROR and r["status"] not in self.redo}
+        done = {
+            (r["problem"], r["sample"]) for r in load_records(self.out) if r["status"] != ERROR and r["status"] not in self.redo
+        }
         todo = {p.id: [i for i in range(self.samples) if (p.id, i) not in done] for p in problems}
         with progress or _progress() as bar:
-            task = bar.add_task("evaluating", total=len(problems) * self.samples,
-                                completed=sum(self.samples - len(m) for m in todo.values()))
+            task = bar.add_task(
+                "evaluating", total=len(problems) * self.samples, completed=sum(self.samples - len(m) for m in todo.values())
+            )
             executor = ThreadPoolExecutor(max_workers=self.concurrency)
             try:
                 running = {executor.submit(self._evaluate, p, todo[p.id]): p for p in problems if todo[p.id]}
@@ -136,21 +142,28 @@ class Harness:
         try:
             t0 = time.perf_counter()  # a wait for the generator counts as generation, not as harness overhead
             with contextlib.nullcontext() if getattr(self.generator, "thread_safe", False) else self._generation_lock:
-                drafts = self.generator.generate(module, self.backend, replace(self.sampling, n=len(indices)))[:len(indices)]
+                sampling = self.sampling.model_copy(update={"n": len(indices)})
+                drafts = self.generator.generate(module, self.backend, sampling)[: len(indices)]
                 generation_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             reports, _ = score_drafts(module, drafts, self.scorer, self.options)
             evaluation_s = time.perf_counter() - t0
         except Exception as exc:  # an endpoint down, a generator bug: recorded, and retried by the next run
-            outcomes = [{**_outcome(None, self.generator.name), "status": ERROR, "reason": f"{type(exc).__name__}: {exc}"}] * len(indices)
+            outcomes = [{**_outcome(None, self.generator.name), "status": ERROR, "reason": f"{type(exc).__name__}: {exc}"}] * len(
+                indices
+            )
         else:
             # A generator returns up to n drafts; one that has fewer to give (the deterministic
             # template has exactly one) is drawn again: later samples reuse its drafts in turn.
-            outcomes = [_outcome(reports[position % len(reports)] if reports else None, self.generator.name)
-                        for position in range(len(indices))]
+            outcomes = [
+                _outcome(reports[position % len(reports)] if reports else None, self.generator.name)
+                for position in range(len(indices))
+            ]
         per_sample = {"generation_s": generation_s / len(indices), "evaluation_s": evaluation_s / len(indices)}
-        records = [{"problem": problem.id, "level": problem.level, "sample": index, **outcome, **per_sample}
-                   for index, outcome in zip(indices, outcomes)]
+        records = [
+            {"problem": problem.id, "level": problem.level, "sample": index, **outcome, **per_sample}
+            for index, outcome in zip(indices, outcomes)
+        ]
         overhead_s = (time.perf_counter() - started - generation_s - evaluation_s) / len(indices)
         lines = [json.dumps({**r, "overhead_s": overhead_s}) for r in records]
         with self._write_lock:
@@ -168,16 +181,29 @@ def _outcome(report: CandidateReport | None, generator_name: str) -> dict[str, A
         status, reason = "declined", report.declined or "no code in the reply"
     else:
         status, reason = verdict.status, verdict.reason
-    return {"model": report.model if report else generator_name, "draft": report.index if report else None,
-            "status": status, "correct": bool(verdict and verdict.correct), "reason": reason,
-            "speedup": verdict.speedup if verdict else None, "runtime_ms": verdict.runtime_ms if verdict else None,
-            "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None, "device": verdict.device if verdict else None,
-            "kernel": report.source if report else None,
-            # where the reward service's time went (children, judge, waits, phases): what a slow problem is read from
-            "seconds": verdict.details.get("seconds") if verdict else None,
-            "phases": verdict.details.get("phases") if verdict else None}
+    return {
+        "model": report.model if report else generator_name,
+        "draft": report.index if report else None,
+        "status": status,
+        "correct": bool(verdict and verdict.correct),
+        "reason": reason,
+        "speedup": verdict.speedup if verdict else None,
+        "runtime_ms": verdict.runtime_ms if verdict else None,
+        "ref_runtime_ms": verdict.ref_runtime_ms if verdict else None,
+        "device": verdict.device if verdict else None,
+        "kernel": report.source if report else None,
+        # where the reward service's time went (children, judge, waits, phases): what a slow problem is read from
+        "seconds": verdict.details.get("seconds") if verdict else None,
+        "phases": verdict.details.get("phases") if verdict else None,
+    }
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True))
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )

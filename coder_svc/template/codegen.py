@@ -19,23 +19,40 @@ from coder_svc.template.fusion import External, Group, Plan
 from coder_svc.template.graph import DtypeConst, Graph, Node, NodeRef, Opaque, SliceConst, TupleConst, is_name
 from coder_svc.template.lowering import Elementwise, Reduce, Softmax
 from coder_svc.template.triton_ops import HELPERS, expression, literal
+from services.outcomes import Declined
 
 VERSION = "template-2"  # 2: reductions over few rows split their range across programs
 TILE = 2048  # elements per 2D reduction tile
 INT32_LIMIT = 2**31 - 2**22  # beyond this many elements, offsets are computed in 64 bits
-TORCH_DTYPES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool",
-                "complex64", "complex128"}
+TORCH_DTYPES = {
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+}
 FUNCTION_PREFIXES = ("torch.", "operator.", "math.")
 BUILTINS = {"getattr", "len", "int", "float", "min", "max", "abs", "tuple", "list", "range", "sum"}
-NEUTRAL = {"sum": "0.0", "mean": "0.0", "norm1": "0.0", "norm2": "0.0", "prod": "1.0",
-           "max": "float('-inf')", "min": "float('inf')"}
-
-
-class Unsupported(Exception):
-    """The plan cannot be written as source; the message says why."""
+NEUTRAL = {
+    "sum": "0.0",
+    "mean": "0.0",
+    "norm1": "0.0",
+    "norm2": "0.0",
+    "prod": "1.0",
+    "max": "float('-inf')",
+    "min": "float('inf')",
+}
 
 
 # ---------------------------------------------------------------- the forward (PyTorch side)
+
 
 class ForwardWriter:
     def __init__(self, plan: Plan) -> None:
@@ -48,7 +65,7 @@ class ForwardWriter:
         """Where the forward's inputs are: the first input's device."""
         first = next((n for n in self.plan.graph.nodes if n.op == "placeholder" and n.tensor), None)
         if first is None:
-            raise Unsupported("the forward makes a constant tensor but takes no tensor to place it beside")
+            raise Declined("the forward makes a constant tensor but takes no tensor to place it beside")
         return f"{self.var(first.name)}.device"
 
     def arg(self, value: Any) -> str:
@@ -56,7 +73,7 @@ class ForwardWriter:
             return self.var(value.node)
         if isinstance(value, DtypeConst):
             if value.dtype not in TORCH_DTYPES:
-                raise Unsupported(f"unknown dtype {value.dtype}")
+                raise Declined(f"unknown dtype {value.dtype}")
             return f"torch.{value.dtype}"
         if isinstance(value, SliceConst):
             return f"slice({', '.join(self.arg(v) for v in value.slice)})"
@@ -65,18 +82,18 @@ class ForwardWriter:
         if isinstance(value, list):
             return "[" + ", ".join(self.arg(v) for v in value) + "]"
         if isinstance(value, Opaque):
-            raise Unsupported(f"the forward uses a constant of type {value.opaque}, which the generator cannot write")
+            raise Declined(f"the forward uses a constant of type {value.opaque}, which the generator cannot write")
         if isinstance(value, float) and math.isinf(value):
             return "float('inf')" if value > 0 else "float('-inf')"
         if isinstance(value, (bool, int, float, str)) or value is None:
             return repr(value)
-        raise Unsupported(f"cannot write the constant {value!r}")
+        raise Declined(f"cannot write the constant {value!r}")
 
     def call_args(self, node: Node, skip: int = 0) -> str:
         parts = [self.arg(a) for a in node.args[skip:]]
         for key, value in node.kwargs.items():
             if not is_name(key):
-                raise Unsupported(f"keyword {key!r}")
+                raise Declined(f"keyword {key!r}")
             parts.append(f"{key}={self.arg(value)}")
         return ", ".join(parts)
 
@@ -97,18 +114,18 @@ class ForwardWriter:
             return f"{self.var(node.name)} = {self.attribute_chain(node.target)}({self.call_args(node)})"
         if node.op == "call_method":
             if not is_name(node.target) or not node.args:
-                raise Unsupported(f"method {node.target}")
+                raise Declined(f"method {node.target}")
             return f"{self.var(node.name)} = {self.arg(node.args[0])}.{node.target}({self.call_args(node, skip=1)})"
         if node.op == "call_function":
             target = node.target
             if target.startswith("builtins."):
                 target = target.removeprefix("builtins.")
                 if target not in BUILTINS:
-                    raise Unsupported(f"the forward calls {target}()")
+                    raise Declined(f"the forward calls {target}()")
             elif not target.startswith(FUNCTION_PREFIXES) or target.startswith("torch._"):
-                raise Unsupported(f"the forward calls {target}, which the generator cannot name")
+                raise Declined(f"the forward calls {target}, which the generator cannot name")
             return f"{self.var(node.name)} = {target}({self.call_args(node)})"
-        raise Unsupported(f"node kind {node.op}")
+        raise Declined(f"node kind {node.op}")
 
 
 def forward_source(plan: Plan) -> str:
@@ -117,7 +134,7 @@ def forward_source(plan: Plan) -> str:
     for node in plan.graph.nodes:
         if node.op == "placeholder":
             if node.target.startswith("*") or not is_name(node.target):
-                raise Unsupported("the forward takes *args or **kwargs")
+                raise Declined("the forward takes *args or **kwargs")
             default = f"={writer.arg(node.args[0])}" if node.args else ""
             params.append(f"v_{node.name}{default}")
         elif node.op == "output":
@@ -146,6 +163,7 @@ def launcher_inputs(group: Group) -> list[str]:
 
 # ---------------------------------------------------------------- kernels
 
+
 @dataclass
 class KernelText:
     lines: list[str] = field(default_factory=list)
@@ -172,7 +190,23 @@ class KernelWriter:
             self.d0, self.d1 = self.reduction.dim, self.reduction.dim + 1
         else:
             self.d0 = self.d1 = 0
-        self.rows_layout = math.prod(group.domain[self.d1:]) == 1
+        self.rows_layout = math.prod(group.domain[self.d1 :]) == 1
+
+    # -- the group's reduction, for the code paths that run only for groups that have one
+    @property
+    def reduced(self) -> Reduce | Softmax:
+        assert self.reduction is not None, "only a group with a reduction or softmax writes this part"
+        return self.reduction
+
+    @property
+    def reduced_name(self) -> str:
+        assert self.g.reduction is not None, "only a group with a reduction or softmax writes this part"
+        return self.g.reduction[0]
+
+    @property
+    def reduce(self) -> Reduce:
+        assert isinstance(self.reduction, Reduce), "only a reduction group writes this part"
+        return self.reduction
 
     # -- externals: flat (same shape as the phase's domain, made contiguous) or strided (broadcast)
     def phase_domain(self, phase: str) -> tuple[int, ...]:
@@ -214,7 +248,8 @@ class KernelWriter:
 
     def emit_ops(self, text: KernelText, ops: list[tuple[str, Elementwise]], env: dict[str, str], depth: int) -> None:
         for name, op in ops:
-            args, scalars = [], []
+            args: list[str] = []
+            scalars: list[float | int | bool | None] = []
             for operand in op.operands:
                 if isinstance(operand, str):
                     args.append(env[operand])
@@ -225,8 +260,17 @@ class KernelWriter:
             text.add(f"t_{name} = {expression(op.fn, args, dict(op.attrs), scalars)}", depth)
             env[name] = f"t_{name}"
 
-    def load_phase(self, text: KernelText, phase: str, flat: str, mask: str, coords: dict[int, str],
-                   shape_row: str | None, shape_col: str | None, depth: int) -> dict[str, str]:
+    def load_phase(
+        self,
+        text: KernelText,
+        phase: str,
+        flat: str,
+        mask: str,
+        coords: dict[int, str],
+        shape_row: str | None,
+        shape_col: str | None,
+        depth: int,
+    ) -> dict[str, str]:
         """Load every external of a phase; 2D contexts join a row part and a column part."""
         env: dict[str, str] = {}
         for k, e in enumerate(self.g.externals):
@@ -300,7 +344,7 @@ class KernelWriter:
         flat = "base[:, None] + r[None, :]" if self.rows_layout else "base[:, None] + r[None, :] * INNER"
         env = self.load_phase(text, "pre", flat, "mask2", coords, "zr", "zc", depth)
         self.emit_ops(text, self.g.pre, env, depth)
-        source = self.reduction.source  # type: ignore[union-attr]
+        source = self.reduced.source
         return env, env[source]
 
     def reduction_kernel(self) -> list[str]:
@@ -334,7 +378,7 @@ class KernelWriter:
                     text.add(f"y = tl.exp({v} - m_row[:, None]) / s[:, None]", 2)
                 else:
                     text.add(f"y = {v} - m_row[:, None] - tl.log(s)[:, None]", 2)
-                env[self.g.reduction[0]] = "y"  # type: ignore[index]
+                env[self.reduced_name] = "y"
                 flat = "base[:, None] + r[None, :]" if self.rows_layout else "base[:, None] + r[None, :] * INNER"
                 env.update(self.load_phase(text, "post", flat, "mask2", self._all_coords(text, row_coords), "zr", "zc", 2))
                 self.emit_ops(text, self.g.post, env, 2)
@@ -351,7 +395,7 @@ class KernelWriter:
             _, v = self.column_block(text, row_coords, 2)
             text.add(f"d = tl.where(mask2, {v} - mu[:, None], 0.0)", 2)
             text.add("acc += d * d", 2)
-            text.add(f"res = tl.sum(acc, axis=1) / (R - {literal(red.correction)})")  # type: ignore[union-attr]
+            text.add(f"res = tl.sum(acc, axis=1) / (R - {literal(self.reduce.correction)})")
             if kind == "std":
                 text.add("res = tl.sqrt(res)")
         self.store_rows(text, row_coords, 1)
@@ -361,12 +405,17 @@ class KernelWriter:
     # across programs when the rows alone are too few to fill the GPU (a whole-tensor mean is one
     # row); each program then writes a partial to a scratch buffer and a second kernel combines them.
     def split_reduction_kernels(self) -> list[str]:
-        kind = self.reduction.kind  # type: ignore[union-attr]
+        kind = self.reduce.kind
         neutral = NEUTRAL[kind]
-        combine = {"max": "tl.max({}, axis=1)", "min": "tl.min({}, axis=1)",
-                   "prod": "tl.reduce({}, 1, _kz_mul)"}.get(kind, "tl.sum({}, axis=1)")
-        text = KernelText(["@triton.jit", self.signature(["part_ptr", "OUTER", "R", "INNER", "CHUNK", "SPLIT"],
-                                                         ["BLOCK_M", "BLOCK_R", "PARTIAL"])])
+        combine = {"max": "tl.max({}, axis=1)", "min": "tl.min({}, axis=1)", "prod": "tl.reduce({}, 1, _kz_mul)"}.get(
+            kind, "tl.sum({}, axis=1)"
+        )
+        text = KernelText(
+            [
+                "@triton.jit",
+                self.signature(["part_ptr", "OUTER", "R", "INNER", "CHUNK", "SPLIT"], ["BLOCK_M", "BLOCK_R", "PARTIAL"]),
+            ]
+        )
         row_coords = self.row_prologue(text)
         # a chunk's loop runs past R on the last chunk (masked): to under 1.5 R + a tile, so 64-bit from half the int32 range
         cast = ".to(tl.int64)" if self.wide or self.largest >= INT32_LIMIT // 2 else ""
@@ -384,12 +433,20 @@ class KernelWriter:
         text.add("else:")
         self.finish_rows(text, kind, row_coords, 2)
 
-        finish = KernelText(["@triton.jit", self.signature(["part_ptr", "OUTER", "R", "INNER", "SPLIT"], ["BLOCK_M", "BLOCK_S"],
-                                                           name=f"kz_kernel_{self.k}_finish")])
+        finish = KernelText(
+            [
+                "@triton.jit",
+                self.signature(
+                    ["part_ptr", "OUTER", "R", "INNER", "SPLIT"], ["BLOCK_M", "BLOCK_S"], name=f"kz_kernel_{self.k}_finish"
+                ),
+            ]
+        )
         finish_coords = self.row_prologue(finish)
         finish.add("s = tl.arange(0, BLOCK_S)")
-        finish.add(f"p = tl.load(part_ptr + orow[:, None] * SPLIT + s[None, :], mask=row_mask[:, None] & (s < SPLIT)[None, :], "
-                   f"other={neutral})")
+        finish.add(
+            f"p = tl.load(part_ptr + orow[:, None] * SPLIT + s[None, :], mask=row_mask[:, None] & (s < SPLIT)[None, :], "
+            f"other={neutral})"
+        )
         finish.add(f"res = {combine.format('p')}")
         self.finish_rows(finish, kind, finish_coords, 1)
         return text.lines + ["", ""] + finish.lines
@@ -404,7 +461,7 @@ class KernelWriter:
 
     def store_rows(self, text: KernelText, row_coords: dict[int, str], depth: int) -> None:
         """``res`` (one value per row) through the post-reduction chain into ``out``."""
-        env = {self.g.reduction[0]: "res"}  # type: ignore[index]
+        env = {self.reduced_name: "res"}
         env.update(self.load_phase(text, "post", "orow", "row_mask", dict(row_coords), None, None, depth))
         self.emit_ops(text, self.g.post, env, depth)
         text.add(f"tl.store(out_ptr + orow, {env[self.g.head]}.to(out_ptr.dtype.element_ty), mask=row_mask)", depth)
@@ -454,7 +511,9 @@ class KernelWriter:
             args += ["n", "*S", *strides]
             lines.append(f"    kz_kernel_{self.k}[(triton.cdiv(n, BLOCK),)]({', '.join(args)}, BLOCK=BLOCK, num_warps=4)")
         else:
-            lines.append(f"    OUTER, R, INNER = math.prod(S[:{self.d0}]), math.prod(S[{self.d0}:{self.d1}]), math.prod(S[{self.d1}:])")
+            lines.append(
+                f"    OUTER, R, INNER = math.prod(S[:{self.d0}]), math.prod(S[{self.d0}:{self.d1}]), math.prod(S[{self.d1}:])"
+            )
             lines.append("    if out.numel() == 0:")
             lines.append("        return out")
             if self.rows_layout:  # R may be 0 (a sum over an empty range is 0, a mean nan): tiles of one
@@ -468,20 +527,28 @@ class KernelWriter:
             lines.append("    warps = 8 if BLOCK_M * BLOCK_R >= 2048 else 4")
             if red.kind not in NEUTRAL:
                 args += [*sizes, "*S", *strides]
-                lines.append(f"    kz_kernel_{self.k}[grid]({', '.join(args)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=warps)")
+                lines.append(
+                    f"    kz_kernel_{self.k}[grid]({', '.join(args)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=warps)"
+                )
             else:
                 lines.append("    SPLIT, CHUNK = _kz_split(R, BLOCK_R, math.prod(grid))")
-                lines.append(f"    part = out if SPLIT == 1 else torch.empty((OUTER * INNER, SPLIT), device={device}, dtype=torch.float32)")
+                lines.append(
+                    f"    part = out if SPLIT == 1 else torch.empty((OUTER * INNER, SPLIT), device={device}, dtype=torch.float32)"
+                )
                 main = [*args, "part", *sizes, "CHUNK", "SPLIT", "*S", *strides]
-                lines.append(f"    kz_kernel_{self.k}[(*grid, SPLIT)]({', '.join(main)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, "
-                             "PARTIAL=SPLIT > 1, num_warps=warps)")
+                lines.append(
+                    f"    kz_kernel_{self.k}[(*grid, SPLIT)]({', '.join(main)}, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, "
+                    "PARTIAL=SPLIT > 1, num_warps=warps)"
+                )
                 lines.append("    if SPLIT > 1:")
                 lines.append("        BLOCK_S = triton.next_power_of_2(SPLIT)")
                 rows = "OUTER" if self.rows_layout else "INNER"
                 lines.append(f"        BLOCK_M = min(triton.next_power_of_2({rows}), max(1, {TILE} // BLOCK_S))")
                 finish = [*args, "part", *sizes, "SPLIT", "*S", *strides]
-                lines.append(f"        kz_kernel_{self.k}_finish[{self.rows_grid()}]({', '.join(finish)}, "
-                             "BLOCK_M=BLOCK_M, BLOCK_S=BLOCK_S, num_warps=4)")
+                lines.append(
+                    f"        kz_kernel_{self.k}_finish[{self.rows_grid()}]({', '.join(finish)}, "
+                    "BLOCK_M=BLOCK_M, BLOCK_S=BLOCK_S, num_warps=4)"
+                )
         lines.append("    return out")
         return lines
 
@@ -496,11 +563,13 @@ class KernelWriter:
 
 def generate_source(reference: str, plan: Plan) -> str:
     if not plan.groups:
-        raise Unsupported("nothing to fuse")
-    parts = [reference.rstrip() + "\n\n",
-             f"# ---- ModelNew: written by the KernelZero template generator ({VERSION}), not a language model ----\n",
-             "import math\nimport operator\n\nimport torch\nimport triton\nimport triton.language as tl\n\n",
-             HELPERS.strip() + "\n\n"]
+        raise Declined("nothing to fuse")
+    parts = [
+        reference.rstrip() + "\n\n",
+        f"# ---- ModelNew: written by the KernelZero template generator ({VERSION}), not a language model ----\n",
+        "import math\nimport operator\n\nimport torch\nimport triton\nimport triton.language as tl\n\n",
+        HELPERS.strip() + "\n\n",
+    ]
     for group in plan.groups:
         parts.append("\n" + KernelWriter(group, plan.graph).source() + "\n")
     parts.append("\n" + forward_source(plan))

@@ -9,10 +9,9 @@ domain (the full shape before the reduction, the reduced shape after it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from coder_svc.template.graph import Graph, Node, node_refs
-from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Reduce, Softmax, lower
+from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Lowered, Reduce, Softmax, lower
 from coder_svc.template.triton_ops import supports
 
 
@@ -32,7 +31,7 @@ class Group:
     index: int
     domain: tuple[int, ...]
     pre: list[tuple[str, Elementwise]] = field(default_factory=list)
-    reduction: tuple[str, Union[Reduce, Softmax]] | None = None
+    reduction: tuple[str, Reduce | Softmax] | None = None
     post: list[tuple[str, Elementwise]] = field(default_factory=list)
     externals: list[External] = field(default_factory=list)
     head: str = ""
@@ -97,7 +96,7 @@ def plan(graph: Graph) -> Plan:
             if node.name not in readers:
                 readers.append(node.name)
 
-    def tensor(name: str):  # noqa: ANN202
+    def tensor(name: str):
         return nodes[name].tensor
 
     groups: list[Group] = []
@@ -137,9 +136,16 @@ def plan(graph: Graph) -> Plan:
             src_meta = tensor(source)
             if src_meta is None or src_meta.dtype not in FLOAT_DTYPES:
                 continue
-            ir = Reduce(ir.kind, source, ir.dims, ir.keepdim, ir.correction, ir.tuple_output) if isinstance(ir, Reduce) else Softmax(ir.kind, source, ir.dim)
-            if isinstance(ir, Reduce) and ir.tuple_output and any(
-                    not isinstance(lowered[u], Alias) for u in _raw_users(node.name, graph)):
+            ir = (
+                Reduce(ir.kind, source, ir.dims, ir.keepdim, ir.correction, ir.tuple_output)
+                if isinstance(ir, Reduce)
+                else Softmax(ir.kind, source, ir.dim)
+            )
+            if (
+                isinstance(ir, Reduce)
+                and ir.tuple_output
+                and any(not isinstance(lowered[u], Alias) for u in _raw_users(node.name, graph))
+            ):
                 continue  # the indices are used: PyTorch computes both
             shape = tuple(src_meta.shape)
             group = open_head.get(source)
@@ -165,9 +171,14 @@ def plan(graph: Graph) -> Plan:
         for member in group.members:
             final_of[member] = group.index
     # getitem(values) aliases a tuple reduction only when a kernel computes it (else PyTorch's tuple is indexed)
-    aliases = {name: source for name, source in aliases.items()
-               if not (isinstance(lowered[source], Reduce) and lowered[source].tuple_output and source not in final_of)}  # type: ignore[union-attr]
+    aliases = {
+        name: source for name, source in aliases.items() if not (_tuple_reduction(lowered[source]) and source not in final_of)
+    }
     return Plan(graph, renumbered, final_of, aliases)
+
+
+def _tuple_reduction(lowered: Lowered) -> bool:
+    return isinstance(lowered, Reduce) and lowered.tuple_output
 
 
 def _broadcasts(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:

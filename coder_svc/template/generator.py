@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from coder_svc.models.base import KernelBackend, KernelDraft, Sampling
-from coder_svc.template.codegen import VERSION, Unsupported, generate_source
+from coder_svc.drafts import KernelBackend, KernelDraft
+from coder_svc.template.codegen import VERSION, generate_source
 from coder_svc.template.fusion import Plan, plan
 from coder_svc.template.trace import TraceError, Tracer
-from reward_svc.policy import check_source
+from reward_svc import check_source
 from services.config import Settings
+from services.llm.chat import Sampling
+from services.outcomes import Declined
 
 
 class TemplateGenerator:
@@ -44,7 +46,7 @@ class TemplateGenerator:
                 return self._declined(no_fusable_reason(fused), details)
             source = generate_source(module_source, fused)
             violations = check_source(source)
-        except Unsupported as exc:
+        except Declined as exc:
             return self._declined(f"cannot write the forward: {exc}")
         except (SyntaxError, KeyError, TypeError, ValueError) as exc:  # a graph the trace child should not have printed
             return self._declined(f"cannot write the forward from this graph: {type(exc).__name__}: {exc}"[:300])
@@ -61,9 +63,11 @@ class TemplateGenerator:
 def describe(fused: Plan) -> dict[str, Any]:
     """What was fused and what PyTorch still runs, for the candidate's details."""
     grouped = set(fused.group_of)
-    torch_ops = [n.target if n.op != "call_module" or not n.module else n.module.cls.rsplit(".", 1)[-1]
-                 for n in fused.graph.nodes
-                 if n.op.startswith("call_") and n.name not in grouped and n.name not in fused.aliases]
+    torch_ops = [
+        n.target if n.op != "call_module" or not n.module else n.module.cls.rsplit(".", 1)[-1]
+        for n in fused.graph.nodes
+        if n.op.startswith("call_") and n.name not in grouped and n.name not in fused.aliases
+    ]
     return {
         "kernels": [{"ops": g.members, "reduction": g.reduction[1].kind if g.reduction else None} for g in fused.groups],
         "pytorch_ops": torch_ops,

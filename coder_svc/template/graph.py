@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import TypeAliasType
@@ -65,12 +65,12 @@ class DtypeConst(BaseModel):
 
 class SliceConst(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    slice: list[Union[int, None, NodeRef]]
+    slice: list[int | None | NodeRef]
 
 
 class TupleConst(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    tuple: list["Arg"]
+    tuple: list[Arg]
 
 
 class Opaque(BaseModel):
@@ -80,7 +80,12 @@ class Opaque(BaseModel):
     opaque: str
 
 
-Arg = TypeAliasType("Arg", Union[bool, int, float, str, None, NodeRef, DtypeConst, SliceConst, TupleConst, Opaque, list["Arg"]])
+if TYPE_CHECKING:  # the same recursive alias, in the form type checkers follow
+    Arg: TypeAlias = bool | int | float | str | None | NodeRef | DtypeConst | SliceConst | TupleConst | Opaque | list["Arg"]
+else:
+    Arg = TypeAliasType(
+        "Arg", bool | int | float | str | None | NodeRef | DtypeConst | SliceConst | TupleConst | Opaque | list["Arg"]
+    )
 TupleConst.model_rebuild()
 
 
@@ -116,7 +121,7 @@ class Graph(BaseModel):
     """'meta' (shapes only, nothing allocated) or 'cpu' (the module would not build on meta)."""
 
     @model_validator(mode="after")
-    def _references_point_back(self) -> "Graph":
+    def _references_point_back(self) -> Graph:
         """Unique names, and every argument refers to a node defined before it."""
         seen: set[str] = set()
         for node in self.nodes:

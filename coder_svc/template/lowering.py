@@ -8,21 +8,53 @@ fusion and code generation never look at fx targets again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from coder_svc.template.graph import Node, NodeRef, TupleConst
 
-Operand = Union[str, float, int, bool]
+Operand = str | float | int | bool
 """A node name (a tensor value) or a Python scalar."""
 
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 
 # name -> parameter names after the input, with defaults; what the Triton emitter needs.
 UNARY: dict[str, tuple[tuple[str, Any], ...]] = {
-    **{name: () for name in (
-        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs", "neg", "negative", "silu", "mish", "selu",
-        "hardsigmoid", "hardswish", "softsign", "relu6", "logsigmoid", "square", "reciprocal", "erf", "sin", "cos",
-        "log2", "exp2", "log1p", "expm1", "floor", "ceil", "sign", "tanhshrink")},
+    **{
+        name: ()
+        for name in (
+            "relu",
+            "sigmoid",
+            "tanh",
+            "exp",
+            "log",
+            "sqrt",
+            "rsqrt",
+            "abs",
+            "neg",
+            "negative",
+            "silu",
+            "mish",
+            "selu",
+            "hardsigmoid",
+            "hardswish",
+            "softsign",
+            "relu6",
+            "logsigmoid",
+            "square",
+            "reciprocal",
+            "erf",
+            "sin",
+            "cos",
+            "log2",
+            "exp2",
+            "log1p",
+            "expm1",
+            "floor",
+            "ceil",
+            "sign",
+            "tanhshrink",
+        )
+    },
     "gelu": (("approximate", "none"),),
     "leaky_relu": (("negative_slope", 0.01),),
     "elu": (("alpha", 1.0),),
@@ -31,27 +63,84 @@ UNARY: dict[str, tuple[tuple[str, Any], ...]] = {
     "hardtanh": (("min_val", -1.0), ("max_val", 1.0)),
     "threshold": (("threshold", None), ("value", None)),
 }
-BINARY = {"add", "sub", "mul", "div", "true_divide", "truediv", "rsub", "maximum", "minimum", "fmax", "fmin",
-          "gt", "lt", "ge", "le", "eq", "ne", "pow"}
-ALIASES = {"subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div", "truediv": "div",
-           "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
-           "negative": "neg", "clip": "clamp", "swish": "silu"}
+BINARY = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "true_divide",
+    "truediv",
+    "rsub",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "eq",
+    "ne",
+    "pow",
+}
+ALIASES = {
+    "subtract": "sub",
+    "multiply": "mul",
+    "divide": "div",
+    "true_divide": "div",
+    "truediv": "div",
+    "greater": "gt",
+    "less": "lt",
+    "greater_equal": "ge",
+    "less_equal": "le",
+    "not_equal": "ne",
+    "negative": "neg",
+    "clip": "clamp",
+    "swish": "silu",
+}
 REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "logsumexp", "norm", "var", "std"}
 SOFTMAXES = {"softmax", "log_softmax"}
-IDENTITIES = {"contiguous", "clone", "detach", "dropout", "alpha_dropout", "feature_alpha_dropout",
-              "dropout1d", "dropout2d", "dropout3d"}
+IDENTITIES = {
+    "contiguous",
+    "clone",
+    "detach",
+    "dropout",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+}
 
 # torch.nn modules (only these classes, never a user class of the same name) -> op and attributes.
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ReLU": ("relu", ()), "ReLU6": ("relu6", ()), "LeakyReLU": ("leaky_relu", ("negative_slope",)),
-    "GELU": ("gelu", ("approximate",)), "Sigmoid": ("sigmoid", ()), "Tanh": ("tanh", ()), "SiLU": ("silu", ()),
-    "Mish": ("mish", ()), "Softplus": ("softplus", ("beta", "threshold")), "ELU": ("elu", ("alpha",)),
-    "CELU": ("celu", ("alpha",)), "SELU": ("selu", ()), "Hardtanh": ("hardtanh", ("min_val", "max_val")),
-    "Hardsigmoid": ("hardsigmoid", ()), "Hardswish": ("hardswish", ()), "Softsign": ("softsign", ()),
-    "LogSigmoid": ("logsigmoid", ()), "Tanhshrink": ("tanhshrink", ()), "Threshold": ("threshold", ("threshold", "value")),
-    "Softmax": ("softmax", ("dim",)), "LogSoftmax": ("log_softmax", ("dim",)),
-    "Identity": ("identity", ()), "Dropout": ("identity", ()), "Dropout1d": ("identity", ()),
-    "Dropout2d": ("identity", ()), "Dropout3d": ("identity", ()), "AlphaDropout": ("identity", ()),
+    "ReLU": ("relu", ()),
+    "ReLU6": ("relu6", ()),
+    "LeakyReLU": ("leaky_relu", ("negative_slope",)),
+    "GELU": ("gelu", ("approximate",)),
+    "Sigmoid": ("sigmoid", ()),
+    "Tanh": ("tanh", ()),
+    "SiLU": ("silu", ()),
+    "Mish": ("mish", ()),
+    "Softplus": ("softplus", ("beta", "threshold")),
+    "ELU": ("elu", ("alpha",)),
+    "CELU": ("celu", ("alpha",)),
+    "SELU": ("selu", ()),
+    "Hardtanh": ("hardtanh", ("min_val", "max_val")),
+    "Hardsigmoid": ("hardsigmoid", ()),
+    "Hardswish": ("hardswish", ()),
+    "Softsign": ("softsign", ()),
+    "LogSigmoid": ("logsigmoid", ()),
+    "Tanhshrink": ("tanhshrink", ()),
+    "Threshold": ("threshold", ("threshold", "value")),
+    "Softmax": ("softmax", ("dim",)),
+    "LogSoftmax": ("log_softmax", ("dim",)),
+    "Identity": ("identity", ()),
+    "Dropout": ("identity", ()),
+    "Dropout1d": ("identity", ()),
+    "Dropout2d": ("identity", ()),
+    "Dropout3d": ("identity", ()),
+    "AlphaDropout": ("identity", ()),
 }
 
 
@@ -87,7 +176,7 @@ class Alias:
     source: str
 
 
-Lowered = Union[Elementwise, Reduce, Softmax, Alias, None]
+Lowered = Elementwise | Reduce | Softmax | Alias | None
 
 
 @dataclass
@@ -107,8 +196,8 @@ class _Call:
 def _call_of(node: Node) -> _Call | None:
     if node.op == "call_function":
         for prefix in ("torch.nn.functional.", "torch.special.", "torch.", "operator."):
-            if node.target.startswith(prefix) and "." not in node.target[len(prefix):]:
-                name = node.target[len(prefix):]
+            if node.target.startswith(prefix) and "." not in node.target[len(prefix) :]:
+                name = node.target[len(prefix) :]
                 if prefix == "operator." and name == "getitem":
                     return _Call("getitem", list(node.args), dict(node.kwargs))
                 return _Call(name, list(node.args), dict(node.kwargs))
@@ -172,8 +261,9 @@ def lower(node: Node, graph: dict[str, Node]) -> Lowered:
     source = call.positional[0]
     if name == "getitem":
         src = graph.get(source.node) if isinstance(source, NodeRef) else None
-        if src is not None and call.get(1, "index") == 0 and isinstance(lower(src, graph), Reduce):
-            return Alias(source.node) if lower(src, graph).tuple_output else None  # type: ignore[union-attr]
+        lowered = lower(src, graph) if src is not None and call.get(1, "index") == 0 else None
+        if isinstance(lowered, Reduce) and isinstance(source, NodeRef):
+            return Alias(source.node) if lowered.tuple_output else None
         return None
     if name == "identity" or name in IDENTITIES:
         if name.startswith(("dropout", "alpha", "feature")) and call.get(2, "training", call.named.get("train", True)):
@@ -181,7 +271,13 @@ def lower(node: Node, graph: dict[str, Node]) -> Lowered:
         return Alias(source.node) if isinstance(source, NodeRef) else None
     if name in ("float", "to", "type") and isinstance(source, NodeRef):
         src = graph.get(source.node)
-        if src is not None and src.tensor and node.tensor and src.tensor.dtype == node.tensor.dtype and src.tensor.shape == node.tensor.shape:
+        if (
+            src is not None
+            and src.tensor
+            and node.tensor
+            and src.tensor.dtype == node.tensor.dtype
+            and src.tensor.shape == node.tensor.shape
+        ):
             return Alias(source.node)
         return None
     if name in UNARY:
@@ -199,16 +295,18 @@ def lower(node: Node, graph: dict[str, Node]) -> Lowered:
     if name in ("clamp", "clamp_min", "clamp_max"):
         lo = call.get(1, "min") if name in ("clamp", "clamp_min") else None
         hi = call.get(2, "max") if name == "clamp" else call.get(1, "max") if name == "clamp_max" else None
-        bounds = [_operand(v) for v in (lo, hi) if v is not None]
+        found = [_operand(v) for v in (lo, hi) if v is not None]
+        bounds = [b for b in found if b is not None]
         x = _operand(source)
-        if not isinstance(x, str) or not bounds or None in bounds:
+        if not isinstance(x, str) or not bounds or len(bounds) != len(found):
             return None
-        return Elementwise("clamp", (x, *bounds), (("has_min", lo is not None), ("has_max", hi is not None)))  # type: ignore[arg-type]
+        return Elementwise("clamp", (x, *bounds), (("has_min", lo is not None), ("has_max", hi is not None)))
     if name == "where":
-        operands = [_operand(call.get(i, key)) for i, key in enumerate(("condition", "input", "other"))]
-        if any(o is None for o in operands) or not isinstance(operands[0], str):
+        given = [_operand(call.get(i, key)) for i, key in enumerate(("condition", "input", "other"))]
+        operands = tuple(o for o in given if o is not None)
+        if len(operands) != len(given) or not isinstance(operands[0], str):
             return None
-        return Elementwise("where", tuple(operands))  # type: ignore[arg-type]
+        return Elementwise("where", operands)
     if name in ("max", "min") and (isinstance(call.get(1, "other"), NodeRef)):
         return _binary("maximum" if name == "max" else "minimum", call)
     if name in BINARY:

@@ -27,9 +27,15 @@ def _canonical_function(fn: Any) -> str:
 
     name = getattr(fn, "__name__", None)
     if name:
-        for prefix, namespace in (("torch.nn.functional", torch.nn.functional), ("torch", torch),
-                                  ("torch.special", torch.special), ("torch.linalg", torch.linalg),
-                                  ("operator", operator), ("builtins", builtins), ("math", math)):
+        for prefix, namespace in (
+            ("torch.nn.functional", torch.nn.functional),
+            ("torch", torch),
+            ("torch.special", torch.special),
+            ("torch.linalg", torch.linalg),
+            ("operator", operator),
+            ("builtins", builtins),
+            ("math", math),
+        ):
             if getattr(namespace, name, None) is fn:
                 return f"{prefix}.{name}"
     return f"unknown.{name or 'function'}".replace("<", "_").replace(">", "_")
@@ -78,8 +84,12 @@ def _symbolic_trace(model: Any) -> tuple[Any, set[str]]:
 
 def _module_info(module: Any) -> dict[str, Any]:
     cls = type(module)
-    attrs = {k: _arg(v) for k, v in vars(module).items()
-             if not k.startswith("_") and (isinstance(v, CONSTANT_TYPES) or (isinstance(v, tuple) and all(isinstance(x, CONSTANT_TYPES) for x in v)))}
+    attrs = {
+        k: _arg(v)
+        for k, v in vars(module).items()
+        if not k.startswith("_")
+        and (isinstance(v, CONSTANT_TYPES) or (isinstance(v, tuple) and all(isinstance(x, CONSTANT_TYPES) for x in v)))
+    }
     return {"cls": f"{cls.__module__}.{cls.__qualname__}".replace("<", "_").replace(">", "_"), "attrs": attrs}
 
 
@@ -104,7 +114,7 @@ def trace(source: str) -> dict[str, Any]:
     # Executed from memory: the child's /tmp may be read-only when the parent runs from there.
     module = types.ModuleType("kz_traced")
     sys.modules["kz_traced"] = module
-    exec(compile(source, "kz_traced.py", "exec"), module.__dict__)  # noqa: S102 (the sandboxed child's whole purpose)
+    exec(compile(source, "kz_traced.py", "exec"), module.__dict__)  # the sandboxed child's whole purpose
     for name in ("Model", "get_inputs"):
         if not hasattr(module, name):
             return {"error": f"the module defines no {name}"}
@@ -113,7 +123,9 @@ def trace(source: str) -> dict[str, Any]:
         model, inputs = _build(module, "meta")
         graph_module, made = _symbolic_trace(model)
         ShapeProp(graph_module).propagate(*inputs)
-    except Exception as exc:  # some modules cannot build or run on meta (e.g. .item()): real tensors, under the sandbox memory limit
+    except (
+        Exception
+    ) as exc:  # some modules cannot build or run on meta (e.g. .item()): real tensors, under the sandbox memory limit
         print(f"meta trace failed: {exc!r}", file=sys.stderr)
         traced_on = "cpu"
         model, inputs = _build(module, "cpu")
@@ -124,9 +136,13 @@ def trace(source: str) -> dict[str, Any]:
         ShapeProp(graph_module).propagate(*inputs)
     nodes = []
     for node in graph_module.graph.nodes:
-        entry: dict[str, Any] = {"name": node.name, "op": node.op, "args": [_arg(a) for a in node.args],
-                                 "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
-                                 "meta": _meta(node.meta.get("tensor_meta"))}
+        entry: dict[str, Any] = {
+            "name": node.name,
+            "op": node.op,
+            "args": [_arg(a) for a in node.args],
+            "kwargs": {k: _arg(v) for k, v in node.kwargs.items()},
+            "meta": _meta(node.meta.get("tensor_meta")),
+        }
         if node.op == "call_function":
             entry["target"] = _canonical_function(node.target)
         elif node.op == "call_module":
@@ -153,7 +169,7 @@ def _warm_up(device: str) -> None:
 def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
     try:
         return trace(spec["source"])
-    except BaseException as exc:  # noqa: BLE001 (the module's own failure is the answer)
+    except BaseException as exc:  # the module's own failure is the answer
         return {"error": f"{type(exc).__name__} while tracing: {exc}"[:500]}
 
 

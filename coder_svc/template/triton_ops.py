@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-HELPERS = '''
+HELPERS = """
 @triton.jit
 def _kz_tanh(x):
     e = tl.exp(-2.0 * tl.abs(x))
@@ -38,7 +38,7 @@ def _kz_split(R, BLOCK_R, programs):
         return 1, R
     chunk = triton.cdiv(triton.cdiv(R, split), BLOCK_R) * BLOCK_R
     return triton.cdiv(R, chunk), chunk
-'''
+"""
 
 SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
@@ -128,14 +128,30 @@ UNARY: dict[str, Callable[[str, dict[str, Any]], str]] = {
     "softsign": lambda x, a: f"({x} / (1.0 + tl.abs({x})))",
     "logsigmoid": lambda x, a: f"(tl.minimum({x}, 0.0) - tl.log(1.0 + tl.exp(-tl.abs({x}))))",
     "tanhshrink": lambda x, a: f"({x} - _kz_tanh({x}))",
-    "softplus": lambda x, a: (f"tl.where({x} * {literal(a['beta'])} > {literal(a['threshold'])}, {x}, "
-                              f"_kz_softplus({x} * {literal(a['beta'])}) / {literal(a['beta'])})"),
+    "softplus": lambda x, a: (
+        f"tl.where({x} * {literal(a['beta'])} > {literal(a['threshold'])}, {x}, "
+        f"_kz_softplus({x} * {literal(a['beta'])}) / {literal(a['beta'])})"
+    ),
     "threshold": lambda x, a: f"tl.where({x} > {literal(a['threshold'])}, {x}, {literal(a['value'])})",
-    "gelu": lambda x, a: (f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))" if a["approximate"] == "none" else
-                          f"(0.5 * {x} * (1.0 + _kz_tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))))"),
+    "gelu": lambda x, a: (
+        f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))"
+        if a["approximate"] == "none"
+        else f"(0.5 * {x} * (1.0 + _kz_tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))))"
+    ),
 }
 
-BINARY_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
+BINARY_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "gt": ">",
+    "lt": "<",
+    "ge": ">=",
+    "le": "<=",
+    "eq": "==",
+    "ne": "!=",
+}
 
 
 def expression(fn: str, args: list[str], attrs: dict[str, Any], scalars: list[Any]) -> str:

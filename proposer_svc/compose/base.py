@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
-
-
-class CompositionDeclined(ValueError):
-    """The composer could not build a module from this API set; the message says why."""
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -32,5 +29,5 @@ class Composer(Protocol):
     name: str
 
     def compose(self, api_set: Sequence[str], hints: ProposalHints) -> ProposedModule:
-        """A module that uses the API set (or a shape-compatible subset of it); CompositionDeclined otherwise."""
+        """A module that uses the API set (or a shape-compatible subset of it); Declined otherwise."""
         ...

@@ -9,14 +9,14 @@ the KernelBench structure. The APIs recorded are those the program really uses (
 from __future__ import annotations
 
 import ast
-from dataclasses import replace
-from typing import Sequence
+from collections.abc import Sequence
 
-from coder_svc.extract import extract_code
-from coder_svc.models.base import ChatModel, Message, Sampling
-from proposer_svc.compose.base import CompositionDeclined, ProposalHints, ProposedModule
+from proposer_svc.compose.base import ProposalHints, ProposedModule
 from proposer_svc.mining import forward_api_sets
 from proposer_svc.validate import check_structure
+from services.llm.chat import ChatModel, Message, Sampling
+from services.llm.extract import extract_code
+from services.outcomes import Declined
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
@@ -70,10 +70,12 @@ def get_init_inputs():
 def build_messages(api_set: Sequence[str], hints: ProposalHints) -> list[Message]:
     size = "small, simple" if hints.difficulty < 0.34 else "medium" if hints.difficulty < 0.67 else "larger, longer"
     apis = "\n".join(f"- {api}" for api in api_set)
-    user = (f"Here is an example task:\n```python\n{EXAMPLE}```\n\n"
-            f"Write a new task whose forward uses these Torch APIs (chain and combine them so every one matters; "
-            f"`Tensor.<m>` means the tensor method `x.<m>(...)`):\n{apis}\n\n"
-            f"Use at most {hints.max_ops} operations in forward; make it {size} (difficulty {hints.difficulty:.2f}).")
+    user = (
+        f"Here is an example task:\n```python\n{EXAMPLE}```\n\n"
+        f"Write a new task whose forward uses these Torch APIs (chain and combine them so every one matters; "
+        f"`Tensor.<m>` means the tensor method `x.<m>(...)`):\n{apis}\n\n"
+        f"Use at most {hints.max_ops} operations in forward; make it {size} (difficulty {hints.difficulty:.2f})."
+    )
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
@@ -85,27 +87,31 @@ class LLMComposer:
         self.sampling = sampling or Sampling(n=1, temperature=0.8, max_tokens=2048)
 
     def compose(self, api_set: Sequence[str], hints: ProposalHints) -> ProposedModule:
-        sampling = replace(self.sampling, n=1, seed=hints.seed if hints.seed is not None else self.sampling.seed)
+        sampling = self.sampling.model_copy(update={"n": 1, "seed": hints.seed if hints.seed is not None else self.sampling.seed})
         completions = self.model.complete(build_messages(api_set, hints), sampling)
         if not completions:
-            raise CompositionDeclined("the model returned no reply")
+            raise Declined("the model returned no reply")
         reply = completions[0]
         source = extract_code(reply.text, REQUIRED_NAMES)
         if source is None:
-            raise CompositionDeclined(f"no program defining {', '.join(REQUIRED_NAMES)} in the reply")
+            raise Declined(f"no program defining {', '.join(REQUIRED_NAMES)} in the reply")
         try:
             tree = ast.parse(source)
         except SyntaxError as exc:
-            raise CompositionDeclined(f"the program does not parse: {exc.msg}") from exc
+            raise Declined(f"the program does not parse: {exc.msg}") from exc
         problem = check_structure(tree)
         if problem:
-            raise CompositionDeclined(problem)
+            raise Declined(problem)
         used = sorted(set().union(*forward_api_sets(tree)))
         return ProposedModule(
             source=source,
             api_set=used,
             input_shapes=[],  # known once validation has run the module
             origin=f"llm:{reply.model}",
-            details={"requested": list(api_set), "missing": sorted(set(api_set) - set(used)),
-                     "model_version": reply.model_version, "finish_reason": reply.finish_reason},
+            details={
+                "requested": list(api_set),
+                "missing": sorted(set(api_set) - set(used)),
+                "model_version": reply.model_version,
+                "finish_reason": reply.finish_reason,
+            },
         )

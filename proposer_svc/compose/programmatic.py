@@ -17,21 +17,40 @@ from __future__ import annotations
 import ast
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from random import Random
-from typing import Any, Sequence
+from typing import Any
 
-from proposer_svc.catalog import CATALOG, ApiEntry, Args, Operand, Shape
-from proposer_svc.compose.base import CompositionDeclined, ProposalHints, ProposedModule
+from proposer_svc.catalog import CATALOG, ApiEntry, Args, Domain, Operand, Shape
+from proposer_svc.compose.base import ProposalHints, ProposedModule
 from proposer_svc.mining import forward_api_sets
+from services.outcomes import Declined
 
-STAGES = {"conv": 0, "pool": 1, "resize": 1, "norm": 2, "linear": 3, "activation": 4, "pointwise": 4, "binary": 4,
-          "shape": 4, "softmax": 5, "scan": 5, "reduction": 6, "loss": 7, "index": 8}
+STAGES = {
+    "conv": 0,
+    "pool": 1,
+    "resize": 1,
+    "norm": 2,
+    "linear": 3,
+    "activation": 4,
+    "pointwise": 4,
+    "binary": 4,
+    "shape": 4,
+    "softmax": 5,
+    "scan": 5,
+    "reduction": 6,
+    "loss": 7,
+    "index": 8,
+}
 FIXED_STAGES = {0, 6, 7, 8}
 INPUT_NAMES = ("x", "y", "z", "w", "v")
-DIM_NAMES = {2: ("batch_size", "in_features"), 3: ("batch_size", "in_channels", "length"),
-             4: ("batch_size", "in_channels", "height", "width"),
-             5: ("batch_size", "in_channels", "depth", "height", "width")}
+DIM_NAMES = {
+    2: ("batch_size", "in_features"),
+    3: ("batch_size", "in_channels", "length"),
+    4: ("batch_size", "in_channels", "height", "width"),
+    5: ("batch_size", "in_channels", "depth", "height", "width"),
+}
 PARAM_ATTRS = {"torch.add": "bias", "torch.sub": "bias", "torch.mul": "scale", "torch.div": "scale"}
 POSITIVE = ("pos", "unit")
 NONNEG = ("nonneg", "pos", "unit")
@@ -111,7 +130,7 @@ class ProgrammaticComposer:
         known = [a for a in dict.fromkeys(api_set) if a in CATALOG]
         unknown = [a for a in api_set if a not in CATALOG]
         if not known:
-            raise CompositionDeclined(f"no API of {list(api_set)} is in the catalog")
+            raise Declined(f"no API of {list(api_set)} is in the catalog")
         rng = Random(hints.seed)
         known = known[: max(1, hints.max_ops)]
         order = self._order(known, rng)
@@ -122,7 +141,7 @@ class ProgrammaticComposer:
                 best = module
         if best is None or not best.placed:
             reasons = best.dropped if best else {}
-            raise CompositionDeclined(f"nothing composable from {known}: {reasons}")
+            raise Declined(f"nothing composable from {known}: {reasons}")
         for api in unknown:
             best.dropped[api] = "not in the catalog"
         source = _render(best)
@@ -132,9 +151,16 @@ class ProgrammaticComposer:
             api_set=used,
             input_shapes=[list(i.shape) for i in best.inputs],
             origin=self.name,
-            details={"requested": list(api_set), "placed": best.placed, "glue": best.glue,
-                     "dropped": best.dropped, "flops": best.flops, "difficulty": hints.difficulty,
-                     "output_shape": list(best.operand.shape), "output_dtype": best.operand.dtype},
+            details={
+                "requested": list(api_set),
+                "placed": best.placed,
+                "glue": best.glue,
+                "dropped": best.dropped,
+                "flops": best.flops,
+                "difficulty": hints.difficulty,
+                "output_shape": list(best.operand.shape),
+                "output_dtype": best.operand.dtype,
+            },
         )
 
     @staticmethod
@@ -142,6 +168,7 @@ class ProgrammaticComposer:
         def key(e: ApiEntry) -> float:
             stage = STAGES[e.kind]
             return stage if stage in FIXED_STAGES else stage + rng.uniform(-0.7, 0.7)
+
         entries = [CATALOG[a] for a in apis]
         rng.shuffle(entries)
         return sorted(entries, key=key)
@@ -219,7 +246,8 @@ class ProgrammaticComposer:
         shape = spec.shape(op.shape, args)
         extra_inputs = len(module.inputs) - 1
         use_input = "input" in spec.sources and (
-            "param" not in spec.sources or extra_inputs == 0 or (extra_inputs < 2 and module.rng.random() < 0.4))
+            "param" not in spec.sources or extra_inputs == 0 or (extra_inputs < 2 and module.rng.random() < 0.4)
+        )
         if use_input:
             if len(module.inputs) >= len(INPUT_NAMES):
                 raise _Skip("too many inputs")
@@ -261,7 +289,7 @@ def _fit_rank(op: Operand, e: ApiEntry, lines: list[str], glue: list[str]) -> Op
         target = max(above)
         if target == 1:
             raise _Skip("would fold the batch dim")
-        shape = op.shape[: target - 1] + (math.prod(op.shape[target - 1:]),)
+        shape = op.shape[: target - 1] + (math.prod(op.shape[target - 1 :]),)
         lines.append(f"x = x.flatten({target - 1})")
         glue.append("Tensor.flatten")
         return replace(op, shape=shape, normalized=_all_if_any(op.normalized, len(shape)))
@@ -327,7 +355,8 @@ def _next_operand(e: ApiEntry, op: Operand, args: Args, shape: Shape, before: Op
     if e.yields == "same":
         domain = op.domain
     elif e.yields == "flip":
-        domain = {"nonneg": "nonpos", "pos": "nonpos", "unit": "nonpos", "nonpos": "nonneg"}.get(op.domain, op.domain)
+        flipped: dict[Domain, Domain] = {"nonneg": "nonpos", "pos": "nonpos", "unit": "nonpos", "nonpos": "nonneg"}
+        domain = flipped.get(op.domain, op.domain)
     elif identity_like:
         domain = op.domain
     else:
@@ -372,8 +401,11 @@ def _commit(module: _Module, e: ApiEntry, step: _Step) -> None:
         for undo in module.exposures:
             undo()
         module.exposures.clear()
-    elif e.effect == "nonlinear" and step.param is None and not (
-            e.saturates and step.operand.domain == module.operand.domain and module.operand.domain in NONNEG):
+    elif (
+        e.effect == "nonlinear"
+        and step.param is None
+        and not (e.saturates and step.operand.domain == module.operand.domain and module.operand.domain in NONNEG)
+    ):
         module.exposures.clear()
     module.lines += step.lines
     module.glue += [g for g in step.glue]
@@ -437,8 +469,9 @@ def _render(module: _Module) -> str:
         if item is module.first:
             dims = ", ".join(names)
         else:
-            dims = ", ".join(("batch_size" if i == 0 and n == constants["batch_size"] else str(n))
-                             for i, n in enumerate(item.shape))
+            dims = ", ".join(
+                ("batch_size" if i == 0 and n == constants["batch_size"] else str(n)) for i, n in enumerate(item.shape)
+            )
             dims = f"({dims},)" if "randint" in item.make else dims
         return item.make.format(shape=dims)
 

@@ -30,29 +30,25 @@ from typing import Any
 
 import torch
 
-from services.children import tensors
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, install_audit_hook
+from reward_svc.harness.reference import timing_rotation
+from reward_svc.policy import check_native_sources
+from reward_svc.protocol import CandidateResult, CandidateSpec, Observations
+from services.children import tensors
 from services.children.device import device_released
 from services.children.loading import import_file
 from services.children.models import build_model
 from services.children.ops import OpRecorder
 from services.children.phases import Phases
-from reward_svc.policy import check_native_sources
-from reward_svc.harness.reference import timing_rotation
 from services.children.report import AUDIT_LOG
+from services.children.timing import Timing
+from services.outcomes import Rejected
 
 COMPILE_ONLY_MARK = "compiled only"
 SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
 
 
-class Rejection(Exception):
-    def __init__(self, guard: str, reason: str) -> None:
-        super().__init__(reason)
-        self.guard = guard
-        self.reason = reason
-
-
-def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None:
+def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec) -> None:
     """Route load_inline through the cached fast path and count calls into what it builds."""
     import torch.utils.cpp_extension as cpp_extension
 
@@ -68,7 +64,7 @@ def _install_compile_hooks(counter: LaunchCounter, spec: dict[str, Any]) -> None
         violation = check_native_sources(*args, **kwargs)
         if violation:  # kept, so a candidate that catches the rejection is still judged by it
             counter.refused_sources.append(f"the sources of {name!r} {violation}"[:500])
-            raise Rejection("native_policy", f"the load_inline sources of {name!r} {violation}")
+            raise Rejected("native_policy", f"the load_inline sources of {name!r} {violation}")
         module = fast(name, *args, **kwargs)
         return counter.wrap_extension(module, name) if kwargs.get("is_python_module", True) else module
 
@@ -123,22 +119,28 @@ def _first_autotune_config_when_interpreted() -> None:
 
 def _is_compile_error(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"CompilationError", "CompileError", "SyntaxError", "IndentationError"}) or "Error building extension" in str(exc)
+    return bool(
+        names & {"CompilationError", "CompileError", "SyntaxError", "IndentationError"}
+    ) or "Error building extension" in str(exc)
 
 
-def _failure(exc: BaseException, during: str) -> dict[str, Any]:
+def _failure(exc: BaseException, during: str, observations: Observations | None = None) -> CandidateResult:
+    result: CandidateResult = {} if observations is None else {"observations": observations}
     try:  # the candidate's exception: its __str__ is its code, and may raise
         tail = "".join(traceback.format_exception(exc)[-6:])[-2000:]
         str(exc)
-    except Exception:  # noqa: BLE001
-        return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during} (its message cannot be shown)"}
+    except Exception:
+        result.update({"status": "runtime_error", "reason": f"{type(exc).__name__} {during} (its message cannot be shown)"})
+        return result
     if type(exc).__name__ == "ToolchainUnavailable":  # this machine lacks a header the source needs: not the candidate's fault
-        return {"status": "unverified", "reason": f"not checked here: {exc}"[:2000], "traceback": tail}
-    if _is_compile_error(exc):
-        return {"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail}
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
-        return {"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail, "out_of_memory": True}
-    return {"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail}
+        result.update({"status": "unverified", "reason": f"not checked here: {exc}"[:2000], "traceback": tail})
+    elif _is_compile_error(exc):
+        result.update({"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail})
+    elif isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        result.update({"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail, "out_of_memory": True})
+    else:
+        result.update({"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail})
+    return result
 
 
 class TrialOutputs:
@@ -172,7 +174,7 @@ class TrialOutputs:
             time.sleep(self.POLL_S)
 
 
-def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     """The result for ``result.json``; the trials' outputs are in ``workdir`` by then."""
     device = spec["device"]
     exchange = Path(spec["exchange_dir"])
@@ -187,13 +189,13 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     snapshot = IntegritySnapshot()  # once the hooks are in: they are part of what must stay as it is
     baseline_threads = threading.active_count()
     outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"))
-    observations: dict[str, Any] = {"launches_per_case": [], "work_per_case": []}
+    observations: Observations = {"launches_per_case": [], "work_per_case": []}
 
     arm_audit()
     try:
         module = import_file(Path(spec["candidate_path"]), "kz_candidate")
-    except Rejection as rejection:
-        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
+    except Rejected as rejection:
+        return {"status": "rejected", "guard": rejection.rule, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
         return _failure(exc, "while importing the candidate")
     if not hasattr(module, "ModelNew"):
@@ -220,40 +222,54 @@ def run_candidate(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     try:
         with torch.no_grad():
             for case in range(spec["trials"]):
-                trial(f"output_{case}", lambda: _run_case(module, models, spec, exchange, case, counter, observations,
-                                                          baseline_threads, case_args))
+                trial(
+                    f"output_{case}",
+                    functools.partial(
+                        _run_case, module, models, spec, exchange, case, counter, observations, baseline_threads, case_args
+                    ),
+                )
             paths: dict[str, list[str]] = {}
             # skipped where there is one case, or the cases' inputs differ in shape
-            trial("output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations))
+            trial(
+                "output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations)
+            )
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
                 knocked_out = "knockout_raised" not in observations and "knockout_refused" not in observations
                 observations["knockout_path"] = _compare_paths(paths) if knocked_out else None
-    except Rejection as rejection:
-        return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
+    except Rejected as rejection:
+        return {"status": "rejected", "guard": rejection.rule, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
         if COMPILE_ONLY_MARK in str(exc):
-            return {"status": "unverified", "reason": "the CUDA source compiles with nvcc; running it needs a GPU (none here)",
-                    "observations": _finish_observations(observations, counter, snapshot)}
-        return {**_failure(exc, "while running ModelNew"), "observations": observations}
+            return {
+                "status": "unverified",
+                "reason": "the CUDA source compiles with nvcc; running it needs a GPU (none here)",
+                "observations": _finish_observations(observations, counter, snapshot),
+            }
+        return _failure(exc, "while running ModelNew", observations)
 
     observations = _finish_observations(observations, counter, snapshot)
-    result: dict[str, Any] = {"status": "ok", "observations": observations, "phases": phases.seconds,
-                              "output_fingerprints": outputs.fingerprints}
+    result: CandidateResult = {
+        "status": "ok",
+        "observations": observations,
+        "phases": phases.seconds,
+        "output_fingerprints": outputs.fingerprints,
+    }
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
         try:
-            result["timing"] = _time_candidate(lambda case: _model_for(module, models, spec, exchange, case), spec, exchange, counter,
-                                               outputs, phases, lock)
-        except Rejection as rejection:
-            return {"status": "rejected", "guard": rejection.guard, "reason": rejection.reason, "observations": observations}
+            result["timing"] = _time_candidate(
+                lambda case: _model_for(module, models, spec, exchange, case), spec, exchange, counter, outputs, phases, lock
+            )
+        except Rejected as rejection:
+            return {"status": "rejected", "guard": rejection.rule, "reason": rejection.reason, "observations": observations}
         except Exception as exc:
-            return {**_failure(exc, "while timing ModelNew"), "observations": observations}
+            return _failure(exc, "while timing ModelNew", observations)
         _check_integrity(snapshot, observations)
-        result["observations"]["replaced_functions"] = observations.get("replaced_functions") or snapshot.replaced()
+        observations["replaced_functions"] = observations.get("replaced_functions") or snapshot.replaced()
     return result
 
 
-def _check_integrity(snapshot: IntegritySnapshot, observations: dict[str, Any]) -> None:
+def _check_integrity(snapshot: IntegritySnapshot, observations: Observations) -> None:
     """After every call into the candidate: the harness's code and hooks are still its own (the
     first replacement seen is kept, even if the candidate puts the original back later)."""
     if not observations.get("replaced_functions"):
@@ -262,8 +278,15 @@ def _check_integrity(snapshot: IntegritySnapshot, observations: dict[str, Any]) 
             observations["replaced_functions"] = replaced
 
 
-def _time_candidate(model_for: Callable[[int], torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter,
-                    outputs: TrialOutputs, phases: Phases, lock: Any) -> dict[str, Any]:
+def _time_candidate(
+    model_for: Callable[[int], torch.nn.Module],
+    spec: CandidateSpec,
+    exchange: Path,
+    counter: LaunchCounter,
+    outputs: TrialOutputs,
+    phases: Phases,
+    lock: Any,
+) -> Timing:
     """Timing on inputs whose values change from call to call (the correctness cases' values, written
     into the same tensors in turn: a result cached on the tensors' identity is stale), with the
     custom launches of the timed calls counted, then one more call on another case's values whose
@@ -312,12 +335,14 @@ def check_position(rotation: list[int], weight_seeds: int) -> int:
     return same[0] if same else 1 % len(rotation)
 
 
-def _case_inputs(spec: dict[str, Any], exchange: Path, case: int) -> Any:
+def _case_inputs(spec: CandidateSpec, exchange: Path, case: int) -> Any:
     """The reference's inputs for one case, on this child's device."""
     return tensors.load(exchange / f"inputs_{case}.pt", spec["device"])
 
 
-def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int) -> torch.nn.Module:
+def _model_for(
+    module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int
+) -> torch.nn.Module:
     weight_seed = spec["weight_seeds"][case % len(spec["weight_seeds"])]
     if weight_seed not in models:
         init_inputs = tensors.load(exchange / f"init_{case}.pt")
@@ -325,8 +350,17 @@ def _model_for(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, 
     return models[weight_seed]
 
 
-def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case: int,
-              counter: LaunchCounter, observations: dict[str, Any], baseline_threads: int, case_args: list[Any]) -> Any:
+def _run_case(
+    module: Any,
+    models: dict[int, torch.nn.Module],
+    spec: CandidateSpec,
+    exchange: Path,
+    case: int,
+    counter: LaunchCounter,
+    observations: Observations,
+    baseline_threads: int,
+    case_args: list[Any],
+) -> Any:
     """One correctness case; its inputs join ``case_args`` (the refresh trial writes into them)."""
     model = _model_for(module, models, spec, exchange, case)
     args = _case_inputs(spec, exchange, case)
@@ -342,7 +376,7 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
         counter.recorder = None
     check_returned(out, args)
     if _stream_and_device(spec["device"]) != streams:
-        raise Rejection("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
+        raise Rejected("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
         observations["compute_ops"] = recorder.compute_ops()
     observations["work_per_case"].append(recorder.work())
@@ -350,12 +384,16 @@ def _run_case(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, A
     _settle(spec["device"])
     observations["launches_per_case"].append(counter.total - launches_before)
     if not all(tensors.same_bits(a, b) for a, b in zip(tensors.tensors_in(returned), tensors.tensors_in(out))):
-        raise Rejection("late_write", "the output changed after forward returned: work was left running on a side stream or thread")
-    mutated = [i for i, (a, b) in enumerate(zip(tensors.tensors_in(args), tensors.tensors_in(pristine))) if not tensors.same_bits(a, b)]
+        raise Rejected(
+            "late_write", "the output changed after forward returned: work was left running on a side stream or thread"
+        )
+    mutated = [
+        i for i, (a, b) in enumerate(zip(tensors.tensors_in(args), tensors.tensors_in(pristine))) if not tensors.same_bits(a, b)
+    ]
     if mutated:
-        raise Rejection("input_mutation", f"forward modified its input tensor(s) {mutated}")
+        raise Rejected("input_mutation", f"forward modified its input tensor(s) {mutated}")
     if threading.active_count() > baseline_threads:
-        raise Rejection("background_thread", "forward left a thread running after it returned")
+        raise Rejected("background_thread", "forward left a thread running after it returned")
     case_args.append(args)
     return out
 
@@ -365,14 +403,19 @@ def check_returned(out: Any, args: Any) -> None:
     tensors in plain lists, tuples and dicts (a subclass would run its own code inside the harness's
     calls), and no attribute set on any of those tensors (one named like a method shadows it)."""
     for value in tensors.walk(out):
-        if not (type(value) in (torch.Tensor, torch.nn.Parameter, *tensors.PLAIN_CONTAINERS, int, float, bool, str, type(None))
-                or type(value).__module__ == "torch.return_types"):
-            raise Rejection("harness_tampering", f"forward returned a {type(value).__name__}: outputs are plain tensors "
-                            "in lists, tuples or dicts")
+        if not (
+            type(value) in (torch.Tensor, torch.nn.Parameter, *tensors.PLAIN_CONTAINERS, int, float, bool, str, type(None))
+            or type(value).__module__ == "torch.return_types"
+        ):
+            raise Rejected(
+                "harness_tampering",
+                f"forward returned a {type(value).__name__}: outputs are plain tensors in lists, tuples or dicts",
+            )
     for t in tensors.tensors_in((out, args)):
         if vars(t):
-            raise Rejection("harness_tampering", f"forward set attribute(s) {', '.join(sorted(vars(t)))[:100]} on a tensor "
-                            "the harness reads")
+            raise Rejected(
+                "harness_tampering", f"forward set attribute(s) {', '.join(sorted(vars(t)))[:100]} on a tensor the harness reads"
+            )
 
 
 def _stream_and_device(device: str) -> tuple[int, int] | None:
@@ -397,19 +440,21 @@ def judged_conditions() -> Iterator[None]:
     from the trials (a NaN-filled ``torch.empty`` would have told it)."""
     import torch.utils.deterministic as deterministic
 
-    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
+    # fill_uninitialized_memory is documented torch API that torch's type stubs leave out
+    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=True)
-    deterministic.fill_uninitialized_memory = True
+    deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=True)
-        deterministic.fill_uninitialized_memory = previous[1]
+        deterministic.fill_uninitialized_memory = previous[1]  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
-def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False,
-            provenance_key: int | None = None) -> Iterator[OpRecorder]:
+def _replay(
+    counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False, provenance_key: int | None = None
+) -> Iterator[OpRecorder]:
     """The two replays of case 0's values (refresh and knockout), under the judged conditions, with
     the path forward takes recorded, so the two can be told apart only by the knockout's poison."""
     recorder = OpRecorder(provenance_key)
@@ -422,8 +467,16 @@ def _replay(counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, k
         paths[name] = recorder.path
 
 
-def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, case_args: list[Any],
-                   counter: LaunchCounter, paths: dict[str, list[str]], observations: dict[str, Any]) -> Any:
+def _refresh_trial(
+    module: Any,
+    models: dict[int, torch.nn.Module],
+    spec: CandidateSpec,
+    exchange: Path,
+    case_args: list[Any],
+    counter: LaunchCounter,
+    paths: dict[str, list[str]],
+    observations: Observations,
+) -> Any:
     """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
     tensor identity, address or shape. It also follows what the custom kernels wrote: an output
     whose values a PyTorch op computed from data they never touched was not theirs, however it
@@ -448,8 +501,15 @@ def _refresh_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[s
     return out
 
 
-def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[str, Any], exchange: Path, counter: LaunchCounter,
-                    paths: dict[str, list[str]], observations: dict[str, Any]) -> Any:
+def _knockout_trial(
+    module: Any,
+    models: dict[int, torch.nn.Module],
+    spec: CandidateSpec,
+    exchange: Path,
+    counter: LaunchCounter,
+    paths: dict[str, list[str]],
+    observations: Observations,
+) -> Any:
     """Run case 0 once more with every custom kernel's writes poisoned and uninitialised memory
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
     remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
@@ -464,9 +524,12 @@ def _knockout_trial(module: Any, models: dict[int, torch.nn.Module], spec: dict[
         with _replay(counter, paths, "knockout", knockout=True) as recorder:
             out = model(*args)
             _settle(spec["device"])
-    except Exception as exc:  # noqa: BLE001 (the candidate's own error on poisoned values)
-        refused = exc is recorder.op_error and counter.failures.total() == failed_launches  # an op's, not a launch's
-        observations["knockout_refused" if refused else "knockout_raised"] = f"{type(exc).__name__}: {exc}"[:300]
+    except Exception as exc:  # the candidate's own error on poisoned values
+        raised = f"{type(exc).__name__}: {exc}"[:300]
+        if exc is recorder.op_error and counter.failures.total() == failed_launches:  # an op's, not a launch's: refused
+            observations["knockout_refused"] = raised
+        else:
+            observations["knockout_raised"] = raised
         return SKIPPED
     check_returned(out, args)
     observations["knockout_copies"] = counter.copies
@@ -481,17 +544,22 @@ def _compare_paths(paths: dict[str, list[str]]) -> str | None:
     if refresh is None or knockout is None or refresh == knockout:
         return None
     at = next((i for i, (a, b) in enumerate(zip(refresh, knockout)) if a != b), min(len(refresh), len(knockout)))
-    return (f"after {', '.join(refresh[max(0, at - 3):at]) or 'the start'}: {', '.join(refresh[at:at + 3]) or 'returned'} "
-            f"on clean values, {', '.join(knockout[at:at + 3]) or 'returned'} in the knockout")
+    return (
+        f"after {', '.join(refresh[max(0, at - 3) : at]) or 'the start'}: {', '.join(refresh[at : at + 3]) or 'returned'} "
+        f"on clean values, {', '.join(knockout[at : at + 3]) or 'returned'} in the knockout"
+    )
 
 
-def _finish_observations(observations: dict[str, Any], counter: LaunchCounter, snapshot: IntegritySnapshot) -> dict[str, Any]:
-    return {
-        **observations,
-        "launches": dict(counter.launches),
-        "failed_launches": dict(counter.failures),
-        "forged_launches": counter.forged,
-        "native_policy": counter.refused_sources,
-        "replaced_functions": observations.get("replaced_functions") or snapshot.replaced(),
-        "precision_changes": snapshot.precision_changes(),
-    }
+def _finish_observations(observations: Observations, counter: LaunchCounter, snapshot: IntegritySnapshot) -> Observations:
+    finished: Observations = {**observations}
+    finished.update(
+        {
+            "launches": dict(counter.launches),
+            "failed_launches": dict(counter.failures),
+            "forged_launches": counter.forged,
+            "native_policy": counter.refused_sources,
+            "replaced_functions": observations.get("replaced_functions") or snapshot.replaced(),
+            "precision_changes": snapshot.precision_changes(),
+        }
+    )
+    return finished

@@ -6,8 +6,9 @@ libraries; its job is a reference run, a candidate run, or (``prime``) nothing b
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from reward_svc.protocol import CandidateSpec, ReferenceSpec
 from services.children.entry import serve
 
 
@@ -58,10 +59,12 @@ def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference
 
-        return run_reference(spec, workdir)
+        return dict(run_reference(cast(ReferenceSpec, spec), workdir))
     from reward_svc.harness.candidate import run_candidate
 
-    return run_candidate(spec, workdir)  # its trials' outputs are written by now, each with its fingerprint
+    return dict(
+        run_candidate(cast(CandidateSpec, spec), workdir)
+    )  # its trials' outputs are written by now, each with its fingerprint
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from services.children import tensors
 from services.children.ops import OpRecorder
 
+
 class LaunchCounter:
     def __init__(self) -> None:
         self.launches: Counter[str] = Counter()
@@ -74,11 +75,17 @@ class LaunchCounter:
                 return self._follow_writes(recorder, label, call, launch_tensors(args, kwargs))
         if not self.knockout:
             return self._call(label, call)
-        return self._knock_out(label, call, launch_tensors(args, kwargs),
-                               recorder.harness_work if recorder is not None else contextlib.nullcontext)
+        return self._knock_out(
+            label, call, launch_tensors(args, kwargs), recorder.harness_work if recorder is not None else contextlib.nullcontext
+        )
 
-    def _knock_out(self, label: str, call: Callable[[], Any], inputs: list[torch.Tensor],
-                   harness_work: Callable[[], contextlib.AbstractContextManager[Any]]) -> Any:
+    def _knock_out(
+        self,
+        label: str,
+        call: Callable[[], Any],
+        inputs: list[torch.Tensor],
+        harness_work: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> Any:
         """The launch, then poison on what it wrote. A tensor it left bit for bit as it was was
         either only read or written with the values it held already (an output buffer kept across
         calls, after the refresh trial computed the same answer): poisoned and launched onto once
@@ -120,6 +127,7 @@ class LaunchCounter:
         """A launch under provenance tracking: the tensors it changed, and those it returned, hold
         what a custom kernel computed."""
         key = recorder.provenance_key
+        assert key is not None, "a launch is followed only under provenance tracking"
         with recorder.harness_work():
             before = [tensors.fingerprint(t, key) for t in inputs]
         result = self._call(label, call)
@@ -145,9 +153,10 @@ class LaunchCounter:
             from triton.runtime.jit import JITFunction
         except ImportError:
             return
-        classes: list[type] = [JITFunction]
+        classes: list[Any] = [JITFunction]
         try:
             from triton.runtime.interpreter import InterpretedFunction
+
             classes.append(InterpretedFunction)
         except ImportError:
             pass
@@ -157,7 +166,7 @@ class LaunchCounter:
     def _counted_run(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``JITFunction.run`` counted (the original in a closure, not a parameter a caller could pass)."""
 
-        def run(fn_self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def run(fn_self: Any, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("warmup"):
                 return original(fn_self, *args, **kwargs)
             label = f"triton:{getattr(getattr(fn_self, 'fn', None), '__name__', 'kernel')}"
@@ -221,25 +230,41 @@ def _watched_functions() -> dict[str, Any]:
     import torch.utils.cpp_extension as cpp_extension
 
     watched = {
-        "time.perf_counter": time.perf_counter, "time.perf_counter_ns": time.perf_counter_ns,
-        "time.time": time.time, "time.monotonic": time.monotonic,
+        "time.perf_counter": time.perf_counter,
+        "time.perf_counter_ns": time.perf_counter_ns,
+        "time.time": time.time,
+        "time.monotonic": time.monotonic,
         "threading.Thread.start": threading.Thread.start,
-        "torch.allclose": torch.allclose, "torch.equal": torch.equal, "torch.isclose": torch.isclose,
-        "torch.save": torch.save, "torch.load": torch.load, "torch.manual_seed": torch.manual_seed,
-        "torch.Tensor.clone": torch.Tensor.clone, "torch.Tensor.to": torch.Tensor.to,
-        "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.__eq__": torch.Tensor.__eq__,
+        "torch.allclose": torch.allclose,
+        "torch.equal": torch.equal,
+        "torch.isclose": torch.isclose,
+        "torch.save": torch.save,
+        "torch.load": torch.load,
+        "torch.manual_seed": torch.manual_seed,
+        "torch.Tensor.clone": torch.Tensor.clone,
+        "torch.Tensor.to": torch.Tensor.to,
+        "torch.Tensor.copy_": torch.Tensor.copy_,
+        "torch.Tensor.__eq__": torch.Tensor.__eq__,
         "torch.nn.Module.__call__": torch.nn.Module.__call__,
         "torch.utils._python_dispatch.TorchDispatchMode.__enter__": TorchDispatchMode.__enter__,
-        "builtins.open": builtins.open, "builtins.print": builtins.print, "builtins.isinstance": builtins.isinstance,
-        "builtins.len": builtins.len, "builtins.sum": builtins.sum,
-        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
+        "builtins.open": builtins.open,
+        "builtins.print": builtins.print,
+        "builtins.isinstance": builtins.isinstance,
+        "builtins.len": builtins.len,
+        "builtins.sum": builtins.sum,
+        "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.cuda.Event": torch.cuda.Event,
         "torch.cuda.Event.record": torch.cuda.Event.record,
         "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
         "torch.cuda.Event.synchronize": torch.cuda.Event.synchronize,
         "torch.cuda.current_stream": torch.cuda.current_stream,
         "torch.utils.cpp_extension.load_inline": cpp_extension.load_inline,
-        "json.dumps": json.dumps, "json.loads": json.loads, "json.JSONEncoder.encode": json.JSONEncoder.encode,
-        "os.replace": os.replace, "os.write": os.write, "os._exit": os._exit,
+        "json.dumps": json.dumps,
+        "json.loads": json.loads,
+        "json.JSONEncoder.encode": json.JSONEncoder.encode,
+        "os.replace": os.replace,
+        "os.write": os.write,
+        "os._exit": os._exit,
     }
     try:
         from triton.runtime.jit import JITFunction
@@ -300,18 +325,75 @@ class IntegritySnapshot:
 # refused is written to the audit log at once (the worker reads it: collected outside the objects the
 # candidate's code can reach), and raised where it happened.
 AUDIT_REFUSED_PREFIXES = ("socket.", "winreg.", "msvcrt.")
-AUDIT_REFUSED = frozenset({
-    "sys.settrace", "sys.setprofile", "sys._current_frames", "sys._current_exceptions", "gc.get_objects",
-    "gc.get_referrers", "gc.get_referents", "os.system", "os.exec", "os.spawn", "os.fork", "os.forkpty",
-    "os.kill", "os.killpg", "pty.spawn", "sys.addaudithook", "cpython.PyInterpreterState_Clear", "os.chmod", "os.chown",
-})
-FILE_EVENTS = frozenset({"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
-                         "shutil.rmtree", "shutil.move", "shutil.copyfile", "os.utime"})
+AUDIT_REFUSED = frozenset(
+    {
+        "sys.settrace",
+        "sys.setprofile",
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "os.system",
+        "os.exec",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.kill",
+        "os.killpg",
+        "pty.spawn",
+        "sys.addaudithook",
+        "cpython.PyInterpreterState_Clear",
+        "os.chmod",
+        "os.chown",
+    }
+)
+FILE_EVENTS = frozenset(
+    {
+        "open",
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.mkdir",
+        "os.symlink",
+        "os.link",
+        "os.truncate",
+        "shutil.rmtree",
+        "shutil.move",
+        "shutil.copyfile",
+        "os.utime",
+    }
+)
 TWO_PATH_EVENTS = frozenset({"os.rename", "os.link", "shutil.move", "shutil.copyfile"})
 # Programs a kernel's build runs (nvcc's phases, the host compiler and linker, Triton's bundled ptxas and
 # its launcher stubs' compiler, ldconfig for libcuda), by name or name prefix (``ptxas-blackwell``, ``gcc-12``).
-TOOLCHAIN = frozenset({"nvcc", "gcc", "g++", "cc", "c++", "ld", "ld.gold", "ld.bfd", "ninja", "cudafe++", "cicc", "fatbinary",
-                       "nvlink", "nvdisasm", "cuobjdump", "ldconfig", "ldconfig.real", "which", "uname", "as", "ar", "clang", "clang++"})
+TOOLCHAIN = frozenset(
+    {
+        "nvcc",
+        "gcc",
+        "g++",
+        "cc",
+        "c++",
+        "ld",
+        "ld.gold",
+        "ld.bfd",
+        "ninja",
+        "cudafe++",
+        "cicc",
+        "fatbinary",
+        "nvlink",
+        "nvdisasm",
+        "cuobjdump",
+        "ldconfig",
+        "ldconfig.real",
+        "which",
+        "uname",
+        "as",
+        "ar",
+        "clang",
+        "clang++",
+    }
+)
 TOOLCHAIN_PREFIXES = ("ptxas", "gcc-", "g++-", "clang-", "x86_64-linux-gnu-")
 
 
@@ -322,7 +404,7 @@ BUILD_CODE = ("reward_svc/nvcc_phases.py", "reward_svc/compile.py")  # run nvcc'
 def _spawned_by_the_build() -> bool:
     """Whether a process is being started by the harness's own compile path (nvcc's phases run as
     shell steps there), not by anything else in the child."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     for _ in range(40):
         if frame is None:
             return False
@@ -360,13 +442,16 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
             refuse(event, repr(args)[:200])
         elif event in ("subprocess.Popen", "os.posix_spawn"):
             executable = os.path.basename(os.fsdecode(args[0] if args[0] else (args[1] or [""])[0]))
-            allowed = executable in TOOLCHAIN or executable.startswith(TOOLCHAIN_PREFIXES) or (
-                executable in SHELLS and _spawned_by_the_build())
+            allowed = (
+                executable in TOOLCHAIN
+                or executable.startswith(TOOLCHAIN_PREFIXES)
+                or (executable in SHELLS and _spawned_by_the_build())
+            )
             if not allowed:
                 refuse(event, executable)
         elif event in FILE_EVENTS and args and writes(event, args):
             # a rename, link or move writes where it goes as well as where it comes from (a symlink: where it is made)
-            for target in (args[1:2] if event == "os.symlink" else args[:2] if event in TWO_PATH_EVENTS else args[:1]):
+            for target in args[1:2] if event == "os.symlink" else args[:2] if event in TWO_PATH_EVENTS else args[:1]:
                 if not isinstance(target, (str, bytes, os.PathLike)):
                     continue
                 path = os.path.realpath(os.fsdecode(target))

@@ -22,21 +22,23 @@ from typing import Any
 
 import torch
 
+from reward_svc.protocol import ReferenceResult, ReferenceSpec
 from services.children import tensors
+from services.children.device import DeviceLockDescriptors
 from services.children.loading import import_file
 from services.children.models import build_model, make_init_inputs
-from services.children.ops import OpRecorder
+from services.children.ops import OpRecorder, Work
 from services.children.phases import Phases
 
 
-def run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     try:
         return _run_reference(spec, workdir)
     except torch.OutOfMemoryError as exc:  # the worker runs it again once other children give their memory back
         return {"status": "out_of_memory", "reason": f"out of {spec['device']} memory: {str(exc).splitlines()[0][:300]}"}
 
 
-def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
+def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     device, lock = spec["device"], spec.get("gpu_lock")
     phases = Phases()
     module = import_file(Path(spec["reference_path"]), "kz_reference")
@@ -51,7 +53,7 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
     n_cases = spec["trials"]  # the candidate's refresh and knockout trials reuse case 0
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
-    work_per_case: list[dict[str, Any]] = []
+    work_per_case: list[Work] = []
     distributions: list[str] = []
     outputs_meta = []
     output_bytes = files_bytes = 0
@@ -96,7 +98,7 @@ def _run_reference(spec: dict[str, Any], workdir: Path) -> dict[str, Any]:
             if case == 0:
                 n_cases = cases_within(spec["trials"], case_bytes, spec.get("exchange_max_bytes"))
             case += 1
-    result: dict[str, Any] = {
+    result: ReferenceResult = {
         "status": "ok",
         "cases": n_cases,
         "output_bytes": output_bytes,
@@ -141,7 +143,7 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
                 return hidden, args, output, recorder, distribution
         except torch.OutOfMemoryError:
             raise
-        except Exception:  # noqa: BLE001 (inputs the module cannot take: a Cholesky of what is no longer positive-definite)
+        except Exception:  # inputs the module cannot take: a Cholesky of what is no longer positive-definite
             pass
         del hidden
     args = tensors.to_device(inputs, device)
@@ -172,13 +174,13 @@ def timing_rotation(exchange: Path, cases: int) -> list[int]:
     shapes = [[tuple(t.shape) for t in tensors.tensors_in(tensors.load(exchange / f"inputs_{case}.pt"))] for case in range(cases)]
     rotation = [case for case in range(cases) if shapes[case] == shapes[0]]
     nbytes = os.path.getsize(exchange / "inputs_0.pt")
-    return rotation[:2 if nbytes > ROTATION_BYTES else ROTATION_MAX]
+    return rotation[: 2 if nbytes > ROTATION_BYTES else ROTATION_MAX]
 
 
 NOISE_NUDGES = 4  # one nudge's noise is a random draw: a few, and their largest, keep a correct kernel clear of its tail
 
 
-def rounding_noise(model: torch.nn.Module, args: list[Any], output: Any, spec: dict[str, Any]) -> list[float] | None:
+def rounding_noise(model: torch.nn.Module, args: list[Any], output: Any, spec: ReferenceSpec) -> list[float] | None:
     """Per output tensor, how far the reference's own output moves when its inputs move by one
     rounding step (the largest of a few random nudges): the noise floor of an output whose variation
     is mostly rounding (a mean of normalised values is 0 up to rounding). Measured only where the
@@ -208,17 +210,20 @@ def rounding_noise(model: torch.nn.Module, args: list[Any], output: Any, spec: d
     return norms
 
 
-def _room_for(scratch: Path, nbytes: int, spec: dict[str, Any]) -> bool:
+def _room_for(scratch: Path, nbytes: int, spec: ReferenceSpec) -> bool:
     """Whether ``nbytes`` more leave the scratch filesystem its free minimum: groups admitted
     together can each fit the exchange budget and still not fit the filesystem together."""
     return shutil.disk_usage(scratch).free - nbytes >= spec.get("scratch_min_free_bytes", 0)
 
 
-def _no_room(scratch: Path, nbytes: int, spec: dict[str, Any]) -> dict[str, Any]:
+def _no_room(scratch: Path, nbytes: int, spec: ReferenceSpec) -> ReferenceResult:
     free = shutil.disk_usage(scratch).free
-    return {"status": "no_room", "reason": f"no room for the trial tensors in the scratch dir: {nbytes / 1e9:.2f} GB more would leave "
-            f"{(free - nbytes) / 1e9:.2f} GB free, below the {spec.get('scratch_min_free_bytes', 0) / 1e9:.2f} GB kept "
-            "(KZ_REWARD_SCRATCH_MIN_FREE_BYTES; a larger KZ_REWARD_SCRATCH_DIR or fewer groups at once)"}
+    return {
+        "status": "no_room",
+        "reason": f"no room for the trial tensors in the scratch dir: {nbytes / 1e9:.2f} GB more would leave "
+        f"{(free - nbytes) / 1e9:.2f} GB free, below the {spec.get('scratch_min_free_bytes', 0) / 1e9:.2f} GB kept "
+        "(KZ_REWARD_SCRATCH_MIN_FREE_BYTES; a larger KZ_REWARD_SCRATCH_DIR or fewer groups at once)",
+    }
 
 
 def cases_within(trials: int, case_bytes: int, budget: int | None) -> int:
@@ -229,7 +234,7 @@ def cases_within(trials: int, case_bytes: int, budget: int | None) -> int:
     return max(min(2, trials), min(trials, budget // case_bytes))
 
 
-def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: str | None) -> list[Any]:
+def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: DeviceLockDescriptors | None) -> list[Any]:
     """``get_inputs()`` under the secret seed. On a GPU its tensors are drawn there (a GB of random
     numbers is milliseconds on the device, seconds on the host); a module whose inputs cannot be
     made on the device (a host-only detour) gets them on the host."""
@@ -238,18 +243,18 @@ def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: str 
             torch.manual_seed(seed)
             try:
                 return list(module.get_inputs())
-            except Exception as exc:  # noqa: BLE001 (the host path below reports the module's own errors)
+            except Exception as exc:  # the host path below reports the module's own errors
                 print(f"kz: inputs made on the host: get_inputs() failed on the device: {exc!r}", file=sys.stderr)
     torch.manual_seed(seed)
     return list(module.get_inputs())
 
 
-def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: dict[str, Any], phases: Phases) -> dict[str, Any]:
+def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: ReferenceSpec, phases: Phases) -> ReferenceResult:
     """Timed on the same rotation of input values as the candidate's timed calls (timing_rotation)."""
     from services.children.timing import time_gpu
 
     lock, budget_s = spec.get("gpu_lock"), spec.get("timing_budget_s", 10.0)
-    timings: dict[str, Any] = {}
+    timings: ReferenceResult = {}
     with torch.no_grad():
         compiled = None
         # The copy to the device and compiling (seconds) hold the lock shared; only timing holds it exclusive.

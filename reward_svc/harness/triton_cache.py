@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 from triton.runtime.cache import FileCacheManager
 
@@ -27,14 +26,14 @@ class LayeredCacheManager(FileCacheManager):
         super().__init__(key, override=override, dump=dump)
         self._layers = [os.path.join(d, key) for d in os.environ.get(LAYERS_ENV, "").split(os.pathsep) if d]
 
-    def get_file(self, filename: str) -> Optional[str]:
+    def get_file(self, filename: str) -> str | None:
         for layer in self._layers:
             path = os.path.join(layer, filename)
             if os.path.exists(path):
                 return path
         return super().get_file(filename)
 
-    def get_group(self, filename: str) -> Optional[dict[str, str]]:
+    def get_group(self, filename: str) -> dict[str, str] | None:
         for layer in self._layers:
             group = _read_group(os.path.join(layer, f"__grp__{filename}"))
             if group is not None:
@@ -42,7 +41,7 @@ class LayeredCacheManager(FileCacheManager):
         return super().get_group(filename)
 
 
-def _read_group(path: str) -> Optional[dict[str, str]]:
+def _read_group(path: str) -> dict[str, str] | None:
     """A group file's members, when the file and every member exist (Triton's own rule).
 
     Triton records absolute paths, and a published layer has moved since it was written; the

@@ -36,31 +36,169 @@ ALLOWED_INCLUDE = re.compile(
     r"|sstream|iostream|stdexcept|bit|complex|random|chrono|map|unordered_map|set|unordered_set|iterator|cstdlib)"
 )
 # Names with no other meaning in a kernel: refused wherever they appear.
-DENIED_IDENTIFIERS = frozenset({
-    "fopen", "fopen64", "freopen", "fdopen", "open64", "openat", "creat", "unlinkat", "ftruncate", "symlink", "pwrite",
-    "pread", "popen", "execv", "execve", "execvp", "execvpe", "execl", "execlp", "execle", "vfork", "posix_spawn",
-    "posix_spawnp", "dlopen", "dlsym", "dlmopen", "dladdr", "dlvsym", "mmap", "mmap64", "munmap", "mprotect", "ptrace",
-    "syscall", "sigaction", "getenv", "setenv", "putenv", "unsetenv", "sendto", "recvfrom", "ofstream", "ifstream", "fstream",
-    "filebuf", "FILE", "filesystem", "pthread_create", "jthread", "atexit", "at_quick_exit", "_exit", "_Exit", "quick_exit",
-    "setjmp", "longjmp", "pybind11", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL", "TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_INIT",
-    "Dispatcher", "globalContext", "setCurrentCUDAStream", "cudaSetDevice", "cudaDeviceReset", "cudaIpcOpenMemHandle",
-    "cudaHostRegister", "cudaMallocManaged", "cuLaunchKernel", "cuModuleLoad", "cuModuleLoadData", "cudaLaunchHostFunc",
-    "cudaStreamAddCallback", "__attribute__", "environ", "__environ", "sbrk", "dup2", "ioctl", "process_vm_writev",
-    "process_vm_readv", "getauxval", "__libc_start_main", "freopen64", "import", "Library", "DispatchKey", "creat64", "openat64",
-    "dprintf", "vdprintf", "tmpfile", "tmpfile64", "mkstemp", "mkstemps", "mkdtemp", "tmpnam", "tempnam", "popen2",
-    "execveat", "fexecve", "system_category", "namespace_alias",
-    "RegisterOperators", "OperatorHandle", "pickle_save", "pickle_load", "jit", "PyObject", "reinterpret_borrow",
-    "reinterpret_steal",
-})
+DENIED_IDENTIFIERS = frozenset(
+    {
+        "fopen",
+        "fopen64",
+        "freopen",
+        "fdopen",
+        "open64",
+        "openat",
+        "creat",
+        "unlinkat",
+        "ftruncate",
+        "symlink",
+        "pwrite",
+        "pread",
+        "popen",
+        "execv",
+        "execve",
+        "execvp",
+        "execvpe",
+        "execl",
+        "execlp",
+        "execle",
+        "vfork",
+        "posix_spawn",
+        "posix_spawnp",
+        "dlopen",
+        "dlsym",
+        "dlmopen",
+        "dladdr",
+        "dlvsym",
+        "mmap",
+        "mmap64",
+        "munmap",
+        "mprotect",
+        "ptrace",
+        "syscall",
+        "sigaction",
+        "getenv",
+        "setenv",
+        "putenv",
+        "unsetenv",
+        "sendto",
+        "recvfrom",
+        "ofstream",
+        "ifstream",
+        "fstream",
+        "filebuf",
+        "FILE",
+        "filesystem",
+        "pthread_create",
+        "jthread",
+        "atexit",
+        "at_quick_exit",
+        "_exit",
+        "_Exit",
+        "quick_exit",
+        "setjmp",
+        "longjmp",
+        "pybind11",
+        "TORCH_LIBRARY",
+        "TORCH_LIBRARY_IMPL",
+        "TORCH_LIBRARY_FRAGMENT",
+        "TORCH_LIBRARY_INIT",
+        "Dispatcher",
+        "globalContext",
+        "setCurrentCUDAStream",
+        "cudaSetDevice",
+        "cudaDeviceReset",
+        "cudaIpcOpenMemHandle",
+        "cudaHostRegister",
+        "cudaMallocManaged",
+        "cuLaunchKernel",
+        "cuModuleLoad",
+        "cuModuleLoadData",
+        "cudaLaunchHostFunc",
+        "cudaStreamAddCallback",
+        "__attribute__",
+        "environ",
+        "__environ",
+        "sbrk",
+        "dup2",
+        "ioctl",
+        "process_vm_writev",
+        "process_vm_readv",
+        "getauxval",
+        "__libc_start_main",
+        "freopen64",
+        "import",
+        "Library",
+        "DispatchKey",
+        "creat64",
+        "openat64",
+        "dprintf",
+        "vdprintf",
+        "tmpfile",
+        "tmpfile64",
+        "mkstemp",
+        "mkstemps",
+        "mkdtemp",
+        "tmpnam",
+        "tempnam",
+        "popen2",
+        "execveat",
+        "fexecve",
+        "system_category",
+        "namespace_alias",
+        "RegisterOperators",
+        "OperatorHandle",
+        "pickle_save",
+        "pickle_load",
+        "jit",
+        "PyObject",
+        "reinterpret_borrow",
+        "reinterpret_steal",
+    }
+)
 # Members of torch's C++ API that do I/O, called on a namespace (torch::save, torch::from_file).
 NAMESPACE_DENIED = frozenset({"save", "load", "from_file", "pickle_save", "pickle_load"})
 # Names of system calls: refused everywhere but as a member (``pipe.producer_acquire()``, ``.read(``);
 # those in NAME_LIKE are common variable names too, refused as a call or a function value only.
-CALL_DENIED = frozenset({
-    "open", "remove", "rename", "unlink", "mkdir", "rmdir", "chmod", "chown", "truncate", "link", "write", "read", "system",
-    "fork", "clone", "kill", "raise", "signal", "socket", "connect", "bind", "listen", "accept", "send", "recv", "thread",
-    "async", "exit", "abort", "dup", "pipe", "brk", "close", "fwrite", "fread", "fprintf", "fputs", "puts", "getchar",
-})
+CALL_DENIED = frozenset(
+    {
+        "open",
+        "remove",
+        "rename",
+        "unlink",
+        "mkdir",
+        "rmdir",
+        "chmod",
+        "chown",
+        "truncate",
+        "link",
+        "write",
+        "read",
+        "system",
+        "fork",
+        "clone",
+        "kill",
+        "raise",
+        "signal",
+        "socket",
+        "connect",
+        "bind",
+        "listen",
+        "accept",
+        "send",
+        "recv",
+        "thread",
+        "async",
+        "exit",
+        "abort",
+        "dup",
+        "pipe",
+        "brk",
+        "close",
+        "fwrite",
+        "fread",
+        "fprintf",
+        "fputs",
+        "puts",
+        "getchar",
+    }
+)
 NAME_LIKE = frozenset({"thread", "pipe", "read", "write", "async", "close", "link", "signal"})
 # pybind11's `py::` namespace is needed only to name arguments in a PYBIND11_MODULE of the source's own.
 ALLOWED_PY_MEMBERS = frozenset({"arg", "return_value_policy", "call_guard", "gil_scoped_release", "kw_only", "pos_only"})
@@ -68,7 +206,8 @@ DENIED_PREFIXES = ("Py", "_Py")  # the CPython API: a way back into the harness'
 ALLOWED_MACROS_WITH_PREFIX = frozenset({"PYBIND11_MODULE"})
 ALLOWED_PRAGMA = re.compile(r"#\s*pragma\s+(unroll\b.*|once|nv_diag_suppress.*|nv_diagnostic.*)$")
 ALLOWED_FLAG = re.compile(
-    r"(-O[0-3s]?|-std=[\w+]+|-[DU]\w+(=[\w.+-]*)?|--?use_fast_math|-ffast-math|-arch=\w+|--gpu-architecture=\w+|-gencode[= ]?[\w=,]+"
+    r"(-O[0-3s]?|-std=[\w+]+|-[DU]\w+(=[\w.+-]*)?|--?use_fast_math|-ffast-math|-arch=\w+|--gpu-architecture=\w+"
+    r"|-gencode[= ]?[\w=,]+"
     r"|-lineinfo|--expt-relaxed-constexpr|--expt-extended-lambda|-Xptxas=?[-\w=,.]+|--ptxas-options=[-\w=,.]+|-maxrregcount=?\d+"
     r"|-w|-W(?!l,)[\w=-]+|-fPIC|-funroll-loops|-march=[\w-]+|-mtune=[\w-]+|-fopenmp|-l(cuda|cudart|cublas|cublasLt)|--extended-lambda"
     r"|-DNDEBUG|-g|-G|--restrict|-Xcompiler=-O[0-3]|-Xcompiler=-fPIC)"
@@ -126,12 +265,20 @@ def check_source(source: str, *, device_code: bool) -> str | None:
             return "pastes tokens (##): every identifier must be visible to the check"
         if token in DENIED_IDENTIFIERS:
             return f"uses {token}, which reaches the operating system, the interpreter or the dispatcher"
-        if token in CALL_DENIED and before not in (".", "->") and (token not in NAME_LIKE or after == "(" or before in (
-                "::", "&", "{") or (before in ("(", ",", "=") and after in (",", ")", ";", "}"))):
+        if (
+            token in CALL_DENIED
+            and before not in (".", "->")
+            and (
+                token not in NAME_LIKE
+                or after == "("
+                or before in ("::", "&", "{")
+                or (before in ("(", ",", "=") and after in (",", ")", ";", "}"))
+            )
+        ):
             return f"uses {token}, which reaches the operating system"
         if token == "namespace" and before == "using" and after in ("py", "pybind11"):
             return f"uses namespace {after}: of pybind11 a kernel needs only py::arg"
-        if token == "extern" and after == '""' and not {"__global__", "__device__"} & set(tokens[i + 2:i + 6]):
+        if token == "extern" and after == '""' and not {"__global__", "__device__"} & set(tokens[i + 2 : i + 6]):
             return 'declares an extern "C" function that is no kernel: declarations of C functions reach the system'
         if token == "namespace" and i + 2 < len(tokens) and tokens[i + 2] == "=":
             return "aliases a namespace: every name must be visible to the check"
@@ -180,8 +327,8 @@ def _strip(source: str, *, strings: bool) -> str:
             out.append("\n" * source.count("\n", i, n if j < 0 else j))
             i = n if j < 0 else j + 2
         elif strings and c == "R" and source.startswith('R"', i) and source.find("(", i + 2) >= 0:
-            delimiter = source[i + 2:source.find("(", i + 2)]
-            end = source.find(f"){delimiter}\"", i)
+            delimiter = source[i + 2 : source.find("(", i + 2)]
+            end = source.find(f'){delimiter}"', i)
             out.append('""')
             i = n if end < 0 else end + len(delimiter) + 2
         elif strings and c in "\"'":

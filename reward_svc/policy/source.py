@@ -51,19 +51,58 @@ import string
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a type only: the policy runs in children too, which need not import pydantic
+    from services.schemas.reward import Guard
 
 # Modules a source may import and walk. A module with an entry in MODULE_ATTRIBUTES allows only those attributes.
-ALLOWED_MODULES = frozenset({
-    "torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.nn.parameter", "torch.cuda", "torch.backends",
-    "torch.backends.cuda", "torch.backends.cudnn", "torch.utils", "torch.utils.cpp_extension", "torch.library", "torch.linalg",
-    "torch.fft", "torch.special", "torch.autograd", "torch.version", "torch.types",
-    "triton", "triton.language", "triton.language.math", "triton.language.extra", "triton.language.extra.cuda",
-    "triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice", "triton.runtime", "triton.tools",
-    "triton.tools.tensor_descriptor",
-    "math", "functools", "itertools", "operator", "typing", "dataclasses", "collections", "collections.abc", "enum", "abc",
-    "warnings", "__future__", "einops", "os",
-})
+ALLOWED_MODULES = frozenset(
+    {
+        "torch",
+        "torch.nn",
+        "torch.nn.functional",
+        "torch.nn.init",
+        "torch.nn.parameter",
+        "torch.cuda",
+        "torch.backends",
+        "torch.backends.cuda",
+        "torch.backends.cudnn",
+        "torch.utils",
+        "torch.utils.cpp_extension",
+        "torch.library",
+        "torch.linalg",
+        "torch.fft",
+        "torch.special",
+        "torch.autograd",
+        "torch.version",
+        "torch.types",
+        "triton",
+        "triton.language",
+        "triton.language.math",
+        "triton.language.extra",
+        "triton.language.extra.cuda",
+        "triton.language.extra.libdevice",
+        "triton.language.extra.cuda.libdevice",
+        "triton.runtime",
+        "triton.tools",
+        "triton.tools.tensor_descriptor",
+        "math",
+        "functools",
+        "itertools",
+        "operator",
+        "typing",
+        "dataclasses",
+        "collections",
+        "collections.abc",
+        "enum",
+        "abc",
+        "warnings",
+        "__future__",
+        "einops",
+        "os",
+    }
+)
 MODULE_ATTRIBUTES = {
     "os": frozenset({"getenv", "cpu_count"}),  # reads only: the environment steers Triton and nvcc
     "warnings": frozenset({"warn", "simplefilter", "filterwarnings", "catch_warnings"}),  # formatwarning reads any file's lines
@@ -76,81 +115,293 @@ MODULE_ATTRIBUTES = {
 }
 # Packages whose functions, classes and instances a chain may reach: one defined elsewhere (a
 # stdlib importer a library keeps as an attribute) is refused even on an allowed module.
-ALLOWED_PACKAGES = frozenset({"torch", "triton", "math", "functools", "itertools", "operator", "typing", "dataclasses",
-                              "collections", "enum", "abc", "warnings", "einops", "builtins", "os", "_operator",
-                              "_functools", "_collections", "_collections_abc", "_warnings", "numbers", "__future__"})
+ALLOWED_PACKAGES = frozenset(
+    {
+        "torch",
+        "triton",
+        "math",
+        "functools",
+        "itertools",
+        "operator",
+        "typing",
+        "dataclasses",
+        "collections",
+        "enum",
+        "abc",
+        "warnings",
+        "einops",
+        "builtins",
+        "os",
+        "_operator",
+        "_functools",
+        "_collections",
+        "_collections_abc",
+        "_warnings",
+        "numbers",
+        "__future__",
+    }
+)
 # Objects no source may name, by what they do: files, the harness's own conditions (the replays run
 # with deterministic algorithms: a forward that reads the switch could tell them apart), raw CUDA and
 # host memory, compilers or dynamic attribute access that do the candidate's work or walk for it.
-DENIED_OBJECTS = {
+DENIED_OBJECTS: dict[Guard, tuple[str, ...]] = {
     "forbidden_call": (
-        "torch.load", "torch.save", "torch.from_file", "torch.from_numpy", "torch.frombuffer", "torch.from_dlpack",
-        "torch.utils.cpp_extension.load", "torch.compile", "torch.cuda.cudart", "torch.cuda.caching_allocator_alloc",
-        "torch.get_device_module", "torch.asarray",  # asarray shares the memory of a Python buffer: compute out of sight
-        "torch.import_ir_module", "torch.parse_ir", "torch.parse_schema", "torch.merge_type_from_type_comment",
-        "torch.cuda.caching_allocator_delete", "torch.cuda.jiterator",
+        "torch.load",
+        "torch.save",
+        "torch.from_file",
+        "torch.from_numpy",
+        "torch.frombuffer",
+        "torch.from_dlpack",
+        "torch.utils.cpp_extension.load",
+        "torch.compile",
+        "torch.cuda.cudart",
+        "torch.cuda.caching_allocator_alloc",
+        "torch.get_device_module",
+        "torch.asarray",  # asarray shares the memory of a Python buffer: compute out of sight
+        "torch.import_ir_module",
+        "torch.parse_ir",
+        "torch.parse_schema",
+        "torch.merge_type_from_type_comment",
+        "torch.cuda.caching_allocator_delete",
+        "torch.cuda.jiterator",
         # a pluggable allocator loads a shared library by path; storages share the memory of a Python buffer;
         # triton.compile builds kernels whose launches bypass JITFunction.run (uncounted, never poisoned)
-        "torch.cuda.CUDAPluggableAllocator", "torch.cuda.memory.CUDAPluggableAllocator", "torch.cuda.change_current_allocator",
-        "torch.cuda.memory.change_current_allocator", "torch.UntypedStorage", "torch.TypedStorage", "torch.storage",
-        "triton.compile", "torch.autograd.handle_torch_function",
+        "torch.cuda.CUDAPluggableAllocator",
+        "torch.cuda.memory.CUDAPluggableAllocator",
+        "torch.cuda.change_current_allocator",
+        "torch.cuda.memory.change_current_allocator",
+        "torch.UntypedStorage",
+        "torch.TypedStorage",
+        "torch.storage",
+        "triton.compile",
+        "torch.autograd.handle_torch_function",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
-        "operator.attrgetter", "operator.methodcaller", "functools.update_wrapper", "functools.wraps", "functools.singledispatch",
-        "functools.singledispatchmethod", "typing.get_type_hints", "typing.ForwardRef", "typing.NamedTuple",
-        "typing.TypedDict", "dataclasses.make_dataclass",
+        "operator.attrgetter",
+        "operator.methodcaller",
+        "functools.update_wrapper",
+        "functools.wraps",
+        "functools.singledispatch",
+        "functools.singledispatchmethod",
+        "typing.get_type_hints",
+        "typing.ForwardRef",
+        "typing.NamedTuple",
+        "typing.TypedDict",
+        "dataclasses.make_dataclass",
     ),
     "harness_tampering": (
-        "torch.use_deterministic_algorithms", "torch.are_deterministic_algorithms_enabled",
-        "torch.is_deterministic_algorithms_warn_only_enabled", "torch.set_deterministic_debug_mode",
-        "torch.get_deterministic_debug_mode", "torch.set_default_tensor_type", "torch.set_default_device",
-        "torch.cuda.set_stream", "torch.cuda.set_device",
+        "torch.use_deterministic_algorithms",
+        "torch.are_deterministic_algorithms_enabled",
+        "torch.is_deterministic_algorithms_warn_only_enabled",
+        "torch.set_deterministic_debug_mode",
+        "torch.get_deterministic_debug_mode",
+        "torch.set_default_tensor_type",
+        "torch.set_default_device",
+        "torch.cuda.set_stream",
+        "torch.cuda.set_device",
     ),
-    "precision_downgrade": ("torch.set_default_dtype", "torch.set_flush_denormal", "torch.autocast", "torch.set_autocast_enabled",
-                            "torch.set_autocast_gpu_dtype", "torch.set_autocast_dtype", "torch.set_autocast_cpu_dtype",
-                            "torch.set_autocast_cpu_enabled", "torch.set_autocast_cache_enabled", "torch.cuda.amp"),
+    "precision_downgrade": (
+        "torch.set_default_dtype",
+        "torch.set_flush_denormal",
+        "torch.autocast",
+        "torch.set_autocast_enabled",
+        "torch.set_autocast_gpu_dtype",
+        "torch.set_autocast_dtype",
+        "torch.set_autocast_cpu_dtype",
+        "torch.set_autocast_cpu_enabled",
+        "torch.set_autocast_cache_enabled",
+        "torch.cuda.amp",
+    ),
 }
-ALLOWED_BUILTINS = frozenset({
-    "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr", "classmethod", "complex", "dict",
-    "divmod", "enumerate", "filter", "float", "format", "frozenset", "hasattr", "hash", "hex", "id", "int", "isinstance",
-    "issubclass", "iter", "len", "list", "map", "max", "min", "next", "object", "oct", "ord", "pow", "print", "property",
-    "range", "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "zip",
-    "True", "False", "None", "NotImplemented", "Ellipsis", "__name__",
-    "getattr", "setattr",  # only as calls, read like the attribute access they spell (``_check_dynamic_attribute``)
-}) | frozenset(name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException))
+ALLOWED_BUILTINS = frozenset(
+    {
+        "abs",
+        "all",
+        "any",
+        "ascii",
+        "bin",
+        "bool",
+        "bytes",
+        "callable",
+        "chr",
+        "classmethod",
+        "complex",
+        "dict",
+        "divmod",
+        "enumerate",
+        "filter",
+        "float",
+        "format",
+        "frozenset",
+        "hasattr",
+        "hash",
+        "hex",
+        "id",
+        "int",
+        "isinstance",
+        "issubclass",
+        "iter",
+        "len",
+        "list",
+        "map",
+        "max",
+        "min",
+        "next",
+        "object",
+        "oct",
+        "ord",
+        "pow",
+        "print",
+        "property",
+        "range",
+        "repr",
+        "reversed",
+        "round",
+        "set",
+        "slice",
+        "sorted",
+        "staticmethod",
+        "str",
+        "sum",
+        "super",
+        "tuple",
+        "zip",
+        "True",
+        "False",
+        "None",
+        "NotImplemented",
+        "Ellipsis",
+        "__name__",
+        "getattr",
+        "setattr",  # only as calls, read like the attribute access they spell (``_check_dynamic_attribute``)
+    }
+) | frozenset(name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException))
 # Builtins that are not on the list must not be bound by the source either: a parameter named eval would
 # make the builtin's name look like the source's own everywhere (names are not told apart by scope).
 UNBINDABLE = frozenset(name for name in dir(builtins) if not name.startswith("_")) - ALLOWED_BUILTINS - {"exit", "quit"}
 ALLOWED_DUNDER_ATTRIBUTES = frozenset({"__init__", "__name__"})  # super().__init__(), Model.__init__(self), fn.__name__
-ALLOWED_DUNDER_DEFINITIONS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__iter__", "__next__", "__getitem__",
-                                        "__contains__", "__call__", "__enter__", "__exit__", "__post_init__"})
-VALUE_ATTRIBUTES_DENIED = frozenset({
-    # frames, code and their kin: public names that lead from a generator or traceback to the harness's locals
-    "f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame",
-    "cr_code", "cr_await", "ag_frame", "ag_code", "ag_await", "tb_frame", "tb_next", "co_code", "co_consts", "co_names",
-    "cell_contents", "mro",
-    # importers kept on objects (a module spec's loader, torch.ops), functions that hand back a module
-    # (torch.get_device_module, a Triton driver's device interface), the process-wide Triton driver's
-    # switch, and launch hooks (they would run inside a counted launch)
-    "import_module", "load_library", "load_module", "exec_module", "find_spec", "find_module", "loader",
-    "get_device_module", "get_device_interface", "set_active", "reset_active", "add_pre_run_hook", "pre_run_hooks",
-    # a Triton kernel's globals, its binder and loader, and nn.Module.compile (torch.compile by another name)
-    "get_capture_scope", "create_binder", "preload", "compile",
-    # a custom op's kernel for one device (it would run only where the recorder does not: the timed calls),
-    # its own dispatch rule (it would see the harness's recorder)
-    "register_kernel", "register_torch_dispatch",
-    # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
-    "sys", "os", "builtins", "importlib", "traceback", "inspect", "types", "ctypes", "subprocess", "gc", "threading",
-    "linecache", "pickle", "marshal", "socket", "shutil", "tempfile", "pathlib", "weakref", "atexit", "signal", "platform",
-    "torch", "triton", "json", "functools", "operator", "collections",
-    # tensor data leaving for the host, where compute is invisible to the op recorder, or for files and shared memory
-    "numpy", "tolist", "apply_", "map_", "map2_", "storage", "untyped_storage", "share_memory_", "share_memory", "tofile",
-    "fromfile", "from_file", "dump", "dumps", "ctypes",
-})
+ALLOWED_DUNDER_DEFINITIONS = frozenset(
+    {
+        "__init__",
+        "__repr__",
+        "__str__",
+        "__len__",
+        "__iter__",
+        "__next__",
+        "__getitem__",
+        "__contains__",
+        "__call__",
+        "__enter__",
+        "__exit__",
+        "__post_init__",
+    }
+)
+VALUE_ATTRIBUTES_DENIED = frozenset(
+    {
+        # frames, code and their kin: public names that lead from a generator or traceback to the harness's locals
+        "f_back",
+        "f_builtins",
+        "f_code",
+        "f_globals",
+        "f_locals",
+        "f_trace",
+        "gi_frame",
+        "gi_code",
+        "gi_yieldfrom",
+        "cr_frame",
+        "cr_code",
+        "cr_await",
+        "ag_frame",
+        "ag_code",
+        "ag_await",
+        "tb_frame",
+        "tb_next",
+        "co_code",
+        "co_consts",
+        "co_names",
+        "cell_contents",
+        "mro",
+        # importers kept on objects (a module spec's loader, torch.ops), functions that hand back a module
+        # (torch.get_device_module, a Triton driver's device interface), the process-wide Triton driver's
+        # switch, and launch hooks (they would run inside a counted launch)
+        "import_module",
+        "load_library",
+        "load_module",
+        "exec_module",
+        "find_spec",
+        "find_module",
+        "loader",
+        "get_device_module",
+        "get_device_interface",
+        "set_active",
+        "reset_active",
+        "add_pre_run_hook",
+        "pre_run_hooks",
+        # a Triton kernel's globals, its binder and loader, and nn.Module.compile (torch.compile by another name)
+        "get_capture_scope",
+        "create_binder",
+        "preload",
+        "compile",
+        # a custom op's kernel for one device (it would run only where the recorder does not: the timed calls),
+        # its own dispatch rule (it would see the harness's recorder)
+        "register_kernel",
+        "register_torch_dispatch",
+        # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
+        "sys",
+        "os",
+        "builtins",
+        "importlib",
+        "traceback",
+        "inspect",
+        "types",
+        "ctypes",
+        "subprocess",
+        "gc",
+        "threading",
+        "linecache",
+        "pickle",
+        "marshal",
+        "socket",
+        "shutil",
+        "tempfile",
+        "pathlib",
+        "weakref",
+        "atexit",
+        "signal",
+        "platform",
+        "torch",
+        "triton",
+        "json",
+        "functools",
+        "operator",
+        "collections",
+        # tensor data leaving for the host, where compute is invisible to the op recorder, or for files and shared memory
+        "numpy",
+        "tolist",
+        "apply_",
+        "map_",
+        "map2_",
+        "storage",
+        "untyped_storage",
+        "share_memory_",
+        "share_memory",
+        "tofile",
+        "fromfile",
+        "from_file",
+        "dump",
+        "dumps",
+    }
+)
 FORMATTERS = ("format", "format_map")  # str methods that read attributes named in a string
 SETTABLE_TORCH_FLAGS = frozenset({"torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic"})
-PRECISION_SETTERS = frozenset({"set_float32_matmul_precision", "allow_tf32", "allow_fp16_reduced_precision_reduction",
-                               "allow_bf16_reduced_precision_reduction"})
+PRECISION_SETTERS = frozenset(
+    {
+        "set_float32_matmul_precision",
+        "allow_tf32",
+        "allow_fp16_reduced_precision_reduction",
+        "allow_bf16_reduced_precision_reduction",
+    }
+)
 SAFE_PRECISION = {"set_float32_matmul_precision": "highest"}  # the settings that raise precision, or keep it
 RESERVED_OP_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_c10d_functional"})
 TORCH_LIBRARY_REGISTRARS = frozenset({"torch.library.triton_op", "torch.library.custom_op", "torch.library.register_fake"})
@@ -158,7 +409,7 @@ TORCH_LIBRARY_REGISTRARS = frozenset({"torch.library.triton_op", "torch.library.
 
 @dataclass(frozen=True)
 class PolicyViolation:
-    guard: str
+    guard: Guard
     line: int
     detail: str
 
@@ -175,7 +426,7 @@ UNRESOLVED = _Unresolved()
 
 
 @functools.cache
-def _denied_objects() -> dict[int, tuple[str, str, object]]:
+def _denied_objects() -> dict[int, tuple[Guard, str, object]]:
     """id → (guard, dotted name, object) of every DENIED_OBJECTS entry this machine has (the object is
     kept, so its id stays its own)."""
     denied = {}
@@ -206,7 +457,7 @@ def _import_allowed(name: str) -> Any:
     """The module, imported here (it is on the allow-list: importing it runs only library code)."""
     try:
         return importlib.import_module(name)
-    except Exception:  # noqa: BLE001 (not installed here, or broken: the candidate's import fails the same way)
+    except Exception:  # not installed here, or broken: the candidate's import fails the same way
         return UNRESOLVED
 
 
@@ -233,8 +484,11 @@ def _is_submodule(name: str) -> bool:
 def _defining_package(obj: Any) -> str | None:
     """The top-level package that defines ``obj``: its own ``__module__`` for functions and classes,
     its type's for instances."""
-    module = getattr(obj, "__module__", None) if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType,
-                                                                       types.MethodType, functools.partial)) else None
+    module = (
+        getattr(obj, "__module__", None)
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial))
+        else None
+    )
     if not isinstance(module, str):
         module = getattr(type(obj), "__module__", None)
     return module.split(".")[0] if isinstance(module, str) else None
@@ -252,7 +506,7 @@ class _Checker(ast.NodeVisitor):
         self._owners: list[str | None] = []  # per enclosing function: its first parameter when it is a method
         self._in_class = 0
 
-    def flag(self, guard: str, node: ast.AST, detail: str) -> None:
+    def flag(self, guard: Guard, node: ast.AST, detail: str) -> None:
         self.violations.append(PolicyViolation(guard, getattr(node, "lineno", 0), detail))
 
     # --- imports ---------------------------------------------------------------------------------
@@ -303,14 +557,23 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node.ctx, ast.Load):
             if name in self.aliases:
                 if isinstance(self.aliases[name], types.ModuleType):
-                    self.flag("harness_tampering", node, f"uses the module '{name}' as a value: modules are reached through their attributes")
+                    self.flag(
+                        "harness_tampering",
+                        node,
+                        f"uses the module '{name}' as a value: modules are reached through their attributes",
+                    )
             elif _is_dunder(name) and name not in ALLOWED_BUILTINS:
                 self.flag("harness_tampering", node, f"uses {name}")
             elif name in ("getattr", "setattr"):
                 self.flag("forbidden_call", node, f"uses the builtin '{name}' as a value: only direct calls are read")
             elif name not in self.bound and name not in ALLOWED_BUILTINS:
-                self.flag("forbidden_call", node, f"uses the builtin '{name}', which a kernel does not need"
-                          if hasattr(builtins, name) else f"uses '{name}', which the source never defines")
+                self.flag(
+                    "forbidden_call",
+                    node,
+                    f"uses the builtin '{name}', which a kernel does not need"
+                    if hasattr(builtins, name)
+                    else f"uses '{name}', which the source never defines",
+                )
         elif not self._rebinds_to_none(node):
             self._check_binding(name, node)
 
@@ -321,7 +584,9 @@ class _Checker(ast.NodeVisitor):
         elif name in self.aliases:
             self.flag("harness_tampering", node, f"binds the imported name '{name}' again: chains from it could not be followed")
         elif name in UNBINDABLE:
-            self.flag("forbidden_call", node, f"binds the name of the builtin '{name}': its uses would look like the source's own")
+            self.flag(
+                "forbidden_call", node, f"binds the name of the builtin '{name}': its uses would look like the source's own"
+            )
 
     def visit_MatchAs(self, node: ast.MatchAs) -> None:
         if node.name:
@@ -343,13 +608,13 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _rebinds_to_none(self, node: ast.Name) -> bool:
-        return getattr(node, "kz_value_is_none", False)  # ``triton = None`` after a failed optional import
+        return _tagged(node, "value_is_none")  # ``triton = None`` after a failed optional import
 
     def visit_Assign(self, node: ast.Assign) -> None:
         if isinstance(node.value, ast.Constant) and node.value.value is None:
             for target in node.targets:
                 if isinstance(target, ast.Name):
-                    target.kz_value_is_none = True  # type: ignore[attr-defined]
+                    _tag(target, "value_is_none")
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -360,19 +625,33 @@ class _Checker(ast.NodeVisitor):
         attrs, base = _split_chain(node)
         if as_value and attrs[-1] in FORMATTERS:
             self.flag("forbidden_call", node, f".{attrs[-1]} taken as a value: its fields would read attributes unchecked")
-        if (isinstance(base, ast.Name) and base.id in self.instance_methods and attrs[0] in self.instance_methods[base.id]
-                and not getattr(node, "kz_init_on_self", False)):
-            self.flag("harness_tampering", node, f"uses {base.id}.{attrs[0]} unbound: a method runs on its own object, never one handed in")
+        if (
+            isinstance(base, ast.Name)
+            and base.id in self.instance_methods
+            and attrs[0] in self.instance_methods[base.id]
+            and not _tagged(node, "init_on_self")
+        ):
+            self.flag(
+                "harness_tampering",
+                node,
+                f"uses {base.id}.{attrs[0]} unbound: a method runs on its own object, never one handed in",
+            )
         if isinstance(base, ast.Name) and base.id in self.aliases:
             if self._in_jit and _module_name(self.aliases[base.id], "").split(".")[0] == "torch":
-                self.flag("pytorch_fallback", node, f"uses {'.'.join([base.id, *attrs])} inside a Triton kernel: PyTorch's work "
-                          "inside a launch is PyTorch's")
+                self.flag(
+                    "pytorch_fallback",
+                    node,
+                    f"uses {'.'.join([base.id, *attrs])} inside a Triton kernel: PyTorch's work inside a launch is PyTorch's",
+                )
             obj = self._walk(base.id, attrs, node)
             if store:
                 self._check_module_store(base.id, attrs, node)
             elif as_value and isinstance(obj, types.ModuleType):
-                self.flag("harness_tampering", node, f"uses the module '{'.'.join([base.id, *attrs])}' as a value: "
-                          "modules are reached through their attributes")
+                self.flag(
+                    "harness_tampering",
+                    node,
+                    f"uses the module '{'.'.join([base.id, *attrs])}' as a value: modules are reached through their attributes",
+                )
             return obj
         self.visit(base)
         root = base.id if isinstance(base, ast.Name) else None
@@ -382,8 +661,11 @@ class _Checker(ast.NodeVisitor):
             owner = self._owners[-1] if self._owners else None
             if not (len(attrs) == 1 and root is not None and root == owner):
                 target = ".".join(([root] if root else []) + attrs)
-                self.flag("harness_tampering", node, f"assigns to {target or attrs[-1]}: only a method's own object "
-                          "(self.name, ctx.name) is the kernel's to set")
+                self.flag(
+                    "harness_tampering",
+                    node,
+                    f"assigns to {target or attrs[-1]}: only a method's own object (self.name, ctx.name) is the kernel's to set",
+                )
         return None
 
     def _walk(self, root: str, attrs: list[str], node: ast.AST) -> Any:
@@ -395,10 +677,16 @@ class _Checker(ast.NodeVisitor):
                 if not self._check_value_attribute(attr, node, on_self=False):
                     return None
                 owner, obj = obj, _static_attribute(obj, attr)
-                if isinstance(owner, type) and isinstance(obj, types.FunctionType) and not (
-                        attr == "__init__" and getattr(node, "kz_init_on_self", False)):
-                    self.flag("harness_tampering", node, f"uses {dotted}.{attr} unbound: a library class's method runs on its "
-                              "own object, never one handed in")
+                if (
+                    isinstance(owner, type)
+                    and isinstance(obj, types.FunctionType)
+                    and not (attr == "__init__" and _tagged(node, "init_on_self"))
+                ):
+                    self.flag(
+                        "harness_tampering",
+                        node,
+                        f"uses {dotted}.{attr} unbound: a library class's method runs on its own object, never one handed in",
+                    )
                     return None
                 if obj is not UNRESOLVED and not self._check_object(obj, f"{dotted}.{attr}", node):
                     return None
@@ -419,32 +707,39 @@ class _Checker(ast.NodeVisitor):
             return None
         allowed = MODULE_ATTRIBUTES.get(name)
         if allowed is not None and attr not in allowed:
-            guard = "harness_tampering" if name == "torch.library" else "forbidden_call"
+            guard: Guard = "harness_tampering" if name == "torch.library" else "forbidden_call"
             self.flag(guard, node, f"uses {dotted}.{attr}: of {name} a kernel may use only {', '.join(sorted(allowed))}")
             return None
         try:
             value = getattr(module, attr, UNRESOLVED)
-        except Exception:  # noqa: BLE001 (a lazy attribute that fails here fails in the candidate too)
+        except Exception:  # a lazy attribute that fails here fails in the candidate too
             value = UNRESOLVED
         if value is UNRESOLVED and f"{name}.{attr}" in ALLOWED_MODULES:
             value = _import_allowed(f"{name}.{attr}")
         if value is UNRESOLVED:
             if _is_submodule(f"{name}.{attr}"):  # not imported here yet, but there in a child that imported it
-                self.flag("forbidden_import", node, f"reaches the module '{name}.{attr}' as {dotted}.{attr}, past the import allow-list")
+                self.flag(
+                    "forbidden_import", node, f"reaches the module '{name}.{attr}' as {dotted}.{attr}, past the import allow-list"
+                )
                 return None
             return UNRESOLVED  # no such name: the candidate fails where it uses it; the value rules go on from here
         if allowed is not None and not isinstance(value, types.ModuleType):
             return value  # named on the module's own allow-list
         if isinstance(value, types.ModuleType) and not value.__name__.startswith(name + "."):
-            self.flag("forbidden_import", node, f"reaches the module '{value.__name__}' as the attribute {dotted}.{attr}, "
-                      "past the import allow-list")
+            self.flag(
+                "forbidden_import",
+                node,
+                f"reaches the module '{value.__name__}' as the attribute {dotted}.{attr}, past the import allow-list",
+            )
             return None
         return value if self._check_object(value, f"{dotted}.{attr}", node) else None
 
     def _check_object(self, value: Any, dotted: str, node: ast.AST) -> bool:
         if isinstance(value, types.ModuleType):
             if value.__name__ not in ALLOWED_MODULES and value.__name__ != "torch.ops":
-                self.flag("forbidden_import", node, f"reaches the module '{value.__name__}' as {dotted}, past the import allow-list")
+                self.flag(
+                    "forbidden_import", node, f"reaches the module '{value.__name__}' as {dotted}, past the import allow-list"
+                )
                 return False
             return True
         denied = _denied_objects().get(id(value))
@@ -452,8 +747,11 @@ class _Checker(ast.NodeVisitor):
             self.flag(denied[0], node, f"uses {dotted} ({denied[1]}), which a kernel may not use")
             return False
         if type(value).__name__ == "pybind11_type":
-            self.flag("harness_tampering", node, f"uses {dotted}: a class of torch's JIT, dispatcher or serializer, which a "
-                      "kernel does not need")
+            self.flag(
+                "harness_tampering",
+                node,
+                f"uses {dotted}: a class of torch's JIT, dispatcher or serializer, which a kernel does not need",
+            )
             return False
         package = _defining_package(value)
         if package is not None and package not in ALLOWED_PACKAGES:
@@ -464,8 +762,12 @@ class _Checker(ast.NodeVisitor):
     def _torch_ops(self, namespace: str, node: ast.AST) -> Any:
         """``torch.ops.<namespace>.<op>``: operators, never the importers torch.ops also carries."""
         if namespace not in self.op_namespaces:
-            self.flag("forbidden_import", node, f"uses torch.ops.{namespace}: torch.ops is for the operators the source "
-                      "registers itself (PyTorch's own are called by name, where the judge counts them)")
+            self.flag(
+                "forbidden_import",
+                node,
+                f"uses torch.ops.{namespace}: torch.ops is for the operators the source "
+                "registers itself (PyTorch's own are called by name, where the judge counts them)",
+            )
             return None
         return UNRESOLVED  # an op namespace (the candidate's own ones exist only once it runs): value rules from here
 
@@ -483,8 +785,10 @@ class _Checker(ast.NodeVisitor):
         if dotted in SETTABLE_TORCH_FLAGS:
             return
         if attrs[-1] in PRECISION_SETTERS:
-            if not getattr(node, "kz_store_false", False):
-                self.flag("precision_downgrade", node, f"sets {'.'.join([root, *attrs])}, lowering the precision of the computation")
+            if not _tagged(node, "store_false"):
+                self.flag(
+                    "precision_downgrade", node, f"sets {'.'.join([root, *attrs])}, lowering the precision of the computation"
+                )
             return
         self.flag("harness_tampering", node, f"assigns to {'.'.join([root, *attrs])}: modules are not the kernel's to patch")
 
@@ -531,7 +835,7 @@ class _Checker(ast.NodeVisitor):
             obj = getattr(obj, attr, None) if isinstance(obj, types.ModuleType) else _static_attribute(obj, attr)
         return _qualified(obj) in ("triton.runtime.jit.jit", "triton.runtime.interpreter.jit")
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self._owners.append(None)
@@ -581,8 +885,12 @@ class _Checker(ast.NodeVisitor):
                 self.visit(base)
                 reached = self.aliases.get(base.id)
             if isinstance(reached, type) and issubclass(reached, _tensor_type()):
-                self.flag("harness_tampering", node, f"class {node.name} subclasses a tensor: the harness would run its "
-                          "overrides inside its own calls on the output")
+                self.flag(
+                    "harness_tampering",
+                    node,
+                    f"class {node.name} subclasses a tensor: the harness would run its "
+                    "overrides inside its own calls on the output",
+                )
         self._in_class += 1
         for statement in node.body:
             self.visit(statement)
@@ -590,13 +898,22 @@ class _Checker(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if (isinstance(func, ast.Attribute) and func.attr == "__init__" and node.args and isinstance(node.args[0], ast.Name)
-                and self._owners and node.args[0].id == self._owners[-1]):
-            func.kz_init_on_self = True  # type: ignore[attr-defined]  # Base.__init__(self, ...)
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "__init__"
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and self._owners
+            and node.args[0].id == self._owners[-1]
+        ):
+            _tag(func, "init_on_self")  # Base.__init__(self, ...)
         for keyword in node.keywords:
             if keyword.arg is not None and keyword.arg.startswith("_"):
-                self.flag("harness_tampering", node, f"passes the private keyword {keyword.arg}: a wrapper's private "
-                          "parameters are the wrapper's")
+                self.flag(
+                    "harness_tampering",
+                    node,
+                    f"passes the private keyword {keyword.arg}: a wrapper's private parameters are the wrapper's",
+                )
         if isinstance(func, ast.Name) and func.id in ("getattr", "setattr") and func.id not in self.bound:
             self._check_dynamic_attribute(func.id, node)
             return
@@ -648,23 +965,36 @@ class _Checker(ast.NodeVisitor):
         for arg in node.args[2:]:
             self.visit(arg)
         own = isinstance(target, ast.Name) and bool(self._owners) and target.id == self._owners[-1]
-        constant = isinstance(name, ast.Constant) and isinstance(name.value, str)
+        constant_name = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
+        constant = constant_name is not None
         if not constant and not (own and _public_prefix(name)):
-            self.flag("forbidden_call", node, f"{builtin}() with a computed attribute name: only on a method's own object, "
-                      "named by a constant public prefix (f'w{i}')")
+            self.flag(
+                "forbidden_call",
+                node,
+                f"{builtin}() with a computed attribute name: only on a method's own object, "
+                "named by a constant public prefix (f'w{i}')",
+            )
         if builtin == "setattr":
             if not own:
-                self.flag("harness_tampering", node, "setattr() on another object than self: only a method's own object is the kernel's to set")
-            elif constant:
-                self._check_value_attribute(name.value, node, on_self=True)
+                self.flag(
+                    "harness_tampering",
+                    node,
+                    "setattr() on another object than self: only a method's own object is the kernel's to set",
+                )
+            elif constant_name is not None:
+                self._check_value_attribute(constant_name, node, on_self=True)
             self.visit(name)
             return
-        if not constant:
+        if constant_name is None:
             self.visit(name)
             return
-        attr = name.value
+        attr = constant_name
         if attr in FORMATTERS:
-            self.flag("forbidden_call", node, f"{builtin}(..., {attr!r}) takes .{attr} as a value: its fields would read attributes unchecked")
+            self.flag(
+                "forbidden_call",
+                node,
+                f"{builtin}(..., {attr!r}) takes .{attr} as a value: its fields would read attributes unchecked",
+            )
             return
         if isinstance(target, ast.Name) and target.id in self.aliases:
             self._walk(target.id, [attr], node)
@@ -694,8 +1024,11 @@ class _Checker(ast.NodeVisitor):
         name = _constant(arg)
         namespace = name.split("::")[0] if isinstance(name, str) and "::" in name else None
         if namespace is None or namespace in RESERVED_OP_NAMESPACES or namespace.startswith("_"):
-            self.flag("harness_tampering", node, "registers an operator outside a namespace of its own (\"mylib::op\"): "
-                      "aten and kin are the harness's")
+            self.flag(
+                "harness_tampering",
+                node,
+                'registers an operator outside a namespace of its own ("mylib::op"): aten and kin are the harness\'s',
+            )
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # ``case C(attr=...)`` reads the attribute
@@ -797,15 +1130,21 @@ def _instance_methods(tree: ast.Module) -> dict[str, set[str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             found.setdefault(node.name, set()).update(
-                item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and not any(_decorator_name(d) in ("staticmethod", "classmethod") for d in item.decorator_list))
+                item.name
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not any(_decorator_name(d) in ("staticmethod", "classmethod") for d in item.decorator_list)
+            )
     return found
 
 
 def _registered_namespaces(tree: ast.Module) -> set[str]:
     """The operator namespaces the source registers ("ns::op" strings)."""
-    return {node.value.split("::")[0] for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[A-Za-z]\w*::\w+", node.value)}
+    return {
+        node.value.split("::")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[A-Za-z]\w*::\w+", node.value)
+    }
 
 
 def _public_prefix(name: ast.expr) -> bool:
@@ -824,12 +1163,21 @@ def _own_private_attributes(tree: ast.Module, bound: set[str]) -> set[str]:
     return {name for name in bound | stored if name.startswith("_") and not _is_dunder(name)}
 
 
+def _tag(node: ast.AST, tag: str) -> None:
+    """Mark a node of the syntax tree for a later check (the tree is the checker's own parse)."""
+    setattr(node, f"kz_{tag}", True)
+
+
+def _tagged(node: ast.AST, tag: str) -> bool:
+    return bool(getattr(node, f"kz_{tag}", False))
+
+
 def _mark_false_stores(tree: ast.Module) -> None:
     """``allow_tf32 = False`` and kin keep full precision: such stores are allowed."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and _constant(node.value) is False:
             for target in node.targets:
-                target.kz_store_false = True  # type: ignore[attr-defined]
+                _tag(target, "store_false")
 
 
 def check_source(source: str) -> list[PolicyViolation]:

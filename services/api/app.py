@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 
 import redis
 import structlog
@@ -40,7 +41,7 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
     app = FastAPI(title=f"KernelZero {service} service", version="0.1.0", description=description)
 
     @app.middleware("http")
-    async def request_id(request: Request, call_next):  # type: ignore[no-untyped-def]
+    async def request_id(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=rid)
         try:

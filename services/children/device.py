@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypedDict
+
+
+class DeviceLockDescriptors(TypedDict):
+    """A child's device lock as its job spec carries it (``DeviceLock.to_json``)."""
+
+    lock_fd: int
+    gate_fd: int
 
 
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
@@ -24,14 +33,16 @@ class DeviceLock:
 
     @staticmethod
     def open(path: str) -> DeviceLock:
-        return DeviceLock(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + ".gate", os.O_RDONLY | os.O_CREAT, 0o644))
+        return DeviceLock(
+            os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + ".gate", os.O_RDONLY | os.O_CREAT, 0o644)
+        )
 
     def close(self) -> None:
         for fd in (self.lock_fd, self.gate_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> DeviceLockDescriptors:
         return {"lock_fd": self.lock_fd, "gate_fd": self.gate_fd}
 
 
@@ -53,7 +64,7 @@ def _take(lock_fd: int, gate: int | str, mode: int) -> None:
 
 
 @contextlib.contextmanager
-def gpu_lock(lock: str | dict[str, int] | None, *, exclusive: bool = False) -> Iterator[None]:
+def gpu_lock(lock: str | DeviceLockDescriptors | None, *, exclusive: bool = False) -> Iterator[None]:
     """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
     (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
     timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
@@ -63,6 +74,7 @@ def gpu_lock(lock: str | dict[str, int] | None, *, exclusive: bool = False) -> I
         yield
         return
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    gate: int | str
     with contextlib.ExitStack() as stack:
         if isinstance(lock, dict):
             lock_fd, gate = lock["lock_fd"], lock["gate_fd"]
@@ -96,3 +108,16 @@ def device_released() -> Iterator[None]:
         yield
     finally:
         _take(lock_fd, gate, mode)
+
+
+def resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "cuda" if _cuda_available() else "cpu"
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

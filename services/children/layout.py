@@ -1,6 +1,7 @@
 """Where sandboxed children's files live, and who owns them.
 
-Layout under its root (the reward service's: ``<data_dir>/reward``; ``jobs/`` and ``exchange/`` under ``KZ_REWARD_SCRATCH_DIR`` when set):
+Layout under its root (the reward service's: ``<data_dir>/reward``; ``jobs/`` and ``exchange/`` under
+``KZ_REWARD_SCRATCH_DIR`` when set):
   jobs/<owner>-<id>/  one child's private, writable work directory (owner: the worker that started
                     it, pid and start time; a dead worker's dirs are swept when the next one
                     creates the layout)

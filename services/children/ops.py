@@ -11,101 +11,395 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from services.children import tensors
 
+
+class Work(TypedDict):
+    """What PyTorch did in one call (``OpRecorder.work``): compute work by family, values read into Python."""
+
+    families: dict[str, int]
+    host_scalars: int
+    host_bytes: int
+
+
 # aten operators that move, view or allocate memory; everything else computes.
 _NON_COMPUTE_PREFIXES = (
-    "empty", "new_empty", "zeros", "ones", "full", "fill", "zero_", "view", "_unsafe_view", "reshape",
-    "as_strided", "expand", "permute", "transpose", "t", "contiguous", "clone", "copy", "_to_copy", "to",
-    "detach", "alias", "slice", "select", "squeeze", "unsqueeze", "flatten", "unflatten", "split", "chunk",
-    "narrow", "size", "stride", "sym_", "lift", "_local_scalar_dense", "item", "resize", "set_", "unbind",
-    "is_", "arange", "_reshape_alias", "new_zeros", "new_ones", "new_full", "lift_fresh", "dim", "numel",
-    "record_stream", "_has_compatible_shallow_copy_type", "_unsafe_index", "stack", "cat",
+    "empty",
+    "new_empty",
+    "zeros",
+    "ones",
+    "full",
+    "fill",
+    "zero_",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "as_strided",
+    "expand",
+    "permute",
+    "transpose",
+    "t",
+    "contiguous",
+    "clone",
+    "copy",
+    "_to_copy",
+    "to",
+    "detach",
+    "alias",
+    "slice",
+    "select",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "unflatten",
+    "split",
+    "chunk",
+    "narrow",
+    "size",
+    "stride",
+    "sym_",
+    "lift",
+    "_local_scalar_dense",
+    "item",
+    "resize",
+    "set_",
+    "unbind",
+    "is_",
+    "arange",
+    "_reshape_alias",
+    "new_zeros",
+    "new_ones",
+    "new_full",
+    "lift_fresh",
+    "dim",
+    "numel",
+    "record_stream",
+    "_has_compatible_shallow_copy_type",
+    "_unsafe_index",
+    "stack",
+    "cat",
 )
 ATEN_NAMESPACES = frozenset({"aten", "prims"})
 # Compute ops by the kind of work they do. PyTorch rewrites one op as others (relu as clamp_min, a
 # softmax as exp/sum/div, einsum as bmm, a matmul as a broadcast multiply and a sum), but rarely
 # across these kinds, so the accounting compares work per family, not per name.
-CONTRACTION_OPS = frozenset({
-    "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "mv", "addmv", "dot", "vdot", "addr", "outer", "ger", "linear",
-    "einsum", "tensordot", "bilinear", "_trilinear", "kron", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
-    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cudnn_convolution", "cudnn_convolution_transpose",
-    "mkldnn_convolution", "_convolution_mode", "conv_tbc", "slow_conv3d_forward", "_slow_conv2d_forward",
-    "slow_conv_transpose2d", "slow_conv_transpose3d", "_scaled_mm", "_int_mm", "cdist", "_cdist_forward",
-    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_efficient_attention_forward",
-    "_flash_attention_forward", "_scaled_dot_product_attention_math", "embedding_bag", "_embedding_bag",
-    "_embedding_bag_forward_only",
-})
-REDUCTION_OPS = frozenset({
-    "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "aminmax", "var", "std", "var_mean",
-    "std_mean", "norm", "linalg_vector_norm", "linalg_matrix_norm", "frobenius_norm", "nuclear_norm", "logsumexp",
-    "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "all", "any", "count_nonzero", "nansum", "nanmean", "native_layer_norm", "native_group_norm",
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "batch_norm",
-    "_batch_norm_impl_index", "cudnn_batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
-    "_fused_rms_norm", "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
-    "adaptive_max_pool3d", "fractional_max_pool2d", "fractional_max_pool3d", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss_forward", "nll_loss2d_forward",
-    "nll_loss", "nll_loss_nd", "cross_entropy_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits",
-    "soft_margin_loss", "multilabel_margin_loss_forward", "multi_margin_loss", "dist",
-    "renorm", "histc", "bincount", "_weight_norm_interface", "cosine_similarity", "_pdist_forward", "trace",
-})
-DATA_OPS = frozenset({
-    "gather", "scatter", "scatter_add", "scatter_reduce", "index_select", "index", "index_put", "index_add", "index_copy",
-    "take", "take_along_dim", "masked_select", "masked_scatter", "embedding", "nonzero", "flip", "roll", "repeat", "tile",
-    "repeat_interleave", "im2col", "col2im", "unfold", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d",
-    "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d", "upsample_nearest1d",
-    "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d", "upsample_linear1d", "upsample_trilinear3d",
-    "upsample_bicubic2d", "grid_sampler_2d", "grid_sampler_3d", "unique", "_unique2",
-    "unique_dim", "diag", "tril", "triu", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
-})
+CONTRACTION_OPS = frozenset(
+    {
+        "mm",
+        "bmm",
+        "addmm",
+        "addbmm",
+        "baddbmm",
+        "matmul",
+        "mv",
+        "addmv",
+        "dot",
+        "vdot",
+        "addr",
+        "outer",
+        "ger",
+        "linear",
+        "einsum",
+        "tensordot",
+        "bilinear",
+        "_trilinear",
+        "kron",
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "cudnn_convolution",
+        "cudnn_convolution_transpose",
+        "mkldnn_convolution",
+        "_convolution_mode",
+        "conv_tbc",
+        "slow_conv3d_forward",
+        "_slow_conv2d_forward",
+        "slow_conv_transpose2d",
+        "slow_conv_transpose3d",
+        "_scaled_mm",
+        "_int_mm",
+        "cdist",
+        "_cdist_forward",
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_efficient_attention_forward",
+        "_flash_attention_forward",
+        "_scaled_dot_product_attention_math",
+        "embedding_bag",
+        "_embedding_bag",
+        "_embedding_bag_forward_only",
+    }
+)
+REDUCTION_OPS = frozenset(
+    {
+        "sum",
+        "mean",
+        "prod",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "argmax",
+        "argmin",
+        "aminmax",
+        "var",
+        "std",
+        "var_mean",
+        "std_mean",
+        "norm",
+        "linalg_vector_norm",
+        "linalg_matrix_norm",
+        "frobenius_norm",
+        "nuclear_norm",
+        "logsumexp",
+        "_softmax",
+        "softmax",
+        "_log_softmax",
+        "log_softmax",
+        "_safe_softmax",
+        "all",
+        "any",
+        "count_nonzero",
+        "nansum",
+        "nanmean",
+        "native_layer_norm",
+        "native_group_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "batch_norm",
+        "_batch_norm_impl_index",
+        "cudnn_batch_norm",
+        "layer_norm",
+        "group_norm",
+        "instance_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "max_pool1d",
+        "max_pool2d",
+        "max_pool3d",
+        "max_pool1d_with_indices",
+        "max_pool2d_with_indices",
+        "max_pool3d_with_indices",
+        "avg_pool1d",
+        "avg_pool2d",
+        "avg_pool3d",
+        "adaptive_avg_pool1d",
+        "adaptive_avg_pool2d",
+        "adaptive_avg_pool3d",
+        "_adaptive_avg_pool2d",
+        "_adaptive_avg_pool3d",
+        "adaptive_max_pool1d",
+        "adaptive_max_pool2d",
+        "adaptive_max_pool3d",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "nll_loss_forward",
+        "nll_loss2d_forward",
+        "nll_loss",
+        "nll_loss_nd",
+        "cross_entropy_loss",
+        "kl_div",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "soft_margin_loss",
+        "multilabel_margin_loss_forward",
+        "multi_margin_loss",
+        "dist",
+        "renorm",
+        "histc",
+        "bincount",
+        "_weight_norm_interface",
+        "cosine_similarity",
+        "_pdist_forward",
+        "trace",
+    }
+)
+DATA_OPS = frozenset(
+    {
+        "gather",
+        "scatter",
+        "scatter_add",
+        "scatter_reduce",
+        "index_select",
+        "index",
+        "index_put",
+        "index_add",
+        "index_copy",
+        "take",
+        "take_along_dim",
+        "masked_select",
+        "masked_scatter",
+        "embedding",
+        "nonzero",
+        "flip",
+        "roll",
+        "repeat",
+        "tile",
+        "repeat_interleave",
+        "im2col",
+        "col2im",
+        "unfold",
+        "constant_pad_nd",
+        "reflection_pad1d",
+        "reflection_pad2d",
+        "reflection_pad3d",
+        "replication_pad1d",
+        "replication_pad2d",
+        "replication_pad3d",
+        "upsample_nearest1d",
+        "upsample_nearest2d",
+        "upsample_nearest3d",
+        "upsample_bilinear2d",
+        "upsample_linear1d",
+        "upsample_trilinear3d",
+        "upsample_bicubic2d",
+        "grid_sampler_2d",
+        "grid_sampler_3d",
+        "unique",
+        "_unique2",
+        "unique_dim",
+        "diag",
+        "tril",
+        "triu",
+        "pixel_shuffle",
+        "pixel_unshuffle",
+        "channel_shuffle",
+    }
+)
 ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(a, b): pointwise, not reductions
 # Reductions that keep their input's size (a sort, a scan, a search among boundaries): reductions
 # whatever the sizes, never pointwise work in disguise.
-SCAN_OPS = frozenset({"sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "cumsum", "cumprod",
-                      "cummax", "cummin", "logcumsumexp", "_cummax_helper", "_cummin_helper", "searchsorted", "bucketize"})
+SCAN_OPS = frozenset(
+    {
+        "sort",
+        "argsort",
+        "msort",
+        "topk",
+        "kthvalue",
+        "median",
+        "nanmedian",
+        "mode",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "cummin",
+        "logcumsumexp",
+        "_cummax_helper",
+        "_cummin_helper",
+        "searchsorted",
+        "bucketize",
+    }
+)
 # Matrix functions (a matrix exponential is matmuls; a solve, an inverse, a factorisation, an FFT):
 # contractions, whatever their names.
-MATRIX_FUNCTIONS = frozenset({"matrix_exp", "matrix_power", "cholesky", "cholesky_solve", "cholesky_inverse", "inverse", "det",
-                              "logdet", "slogdet", "svd", "qr", "geqrf", "orgqr", "ormqr", "lu_unpack", "lu_solve",
-                              "triangular_solve", "pinverse", "chain_matmul", "lstsq", "symeig", "eig"})
+MATRIX_FUNCTIONS = frozenset(
+    {
+        "matrix_exp",
+        "matrix_power",
+        "cholesky",
+        "cholesky_solve",
+        "cholesky_inverse",
+        "inverse",
+        "det",
+        "logdet",
+        "slogdet",
+        "svd",
+        "qr",
+        "geqrf",
+        "orgqr",
+        "ormqr",
+        "lu_unpack",
+        "lu_solve",
+        "triangular_solve",
+        "pinverse",
+        "chain_matmul",
+        "lstsq",
+        "symeig",
+        "eig",
+    }
+)
 MATRIX_FUNCTION_PREFIXES = ("linalg_", "_linalg_", "fft_", "_fft_")
 
 
 def is_compute_op(name: str) -> bool:
-    return not any(name == p or name.startswith(p + ".") or name.startswith(p + "_") or name == p.rstrip("_")
-                   for p in _NON_COMPUTE_PREFIXES)
+    return not any(
+        name == p or name.startswith(p + ".") or name.startswith(p + "_") or name == p.rstrip("_") for p in _NON_COMPUTE_PREFIXES
+    )
 
 
 # Ops that are several passes of work in one: their work per element read, split by family, so a
 # PyTorch decomposition of one (a softmax as amax, sub, exp, sum, div) weighs what the op does, and
 # PyTorch doing one pass of it (the row maxima before a kernel) weighs that pass only.
 COMPOSITE_WORK = {
-    **dict.fromkeys(("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "logsumexp"),
-                    {"reduction": 2, "pointwise": 3}),
-    **dict.fromkeys(("native_layer_norm", "layer_norm", "native_group_norm", "group_norm", "instance_norm", "native_batch_norm",
-                     "_native_batch_norm_legit", "batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm"),
-                    {"reduction": 2, "pointwise": 4}),
+    **dict.fromkeys(
+        ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "logsumexp"), {"reduction": 2, "pointwise": 3}
+    ),
+    **dict.fromkeys(
+        (
+            "native_layer_norm",
+            "layer_norm",
+            "native_group_norm",
+            "group_norm",
+            "instance_norm",
+            "native_batch_norm",
+            "_native_batch_norm_legit",
+            "batch_norm",
+            "_batch_norm_impl_index",
+            "cudnn_batch_norm",
+        ),
+        {"reduction": 2, "pointwise": 4},
+    ),
     "_native_batch_norm_legit_no_training": {"pointwise": 4},  # running statistics: no reduction
     **dict.fromkeys(("rms_norm", "_fused_rms_norm"), {"reduction": 1, "pointwise": 3}),
     **dict.fromkeys(("var", "std", "var_mean", "std_mean"), {"reduction": 2, "pointwise": 1}),
     **dict.fromkeys(("norm", "linalg_vector_norm", "frobenius_norm", "dist", "renorm"), {"reduction": 1, "pointwise": 1}),
     **dict.fromkeys(("mse_loss", "l1_loss"), {"reduction": 1, "pointwise": 2}),
-    **dict.fromkeys(("smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "multi_margin_loss"), {"reduction": 1, "pointwise": 3}),
+    **dict.fromkeys(
+        ("smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "multi_margin_loss"), {"reduction": 1, "pointwise": 3}
+    ),
     **dict.fromkeys(("binary_cross_entropy", "binary_cross_entropy_with_logits"), {"reduction": 1, "pointwise": 4}),
     **dict.fromkeys(("cosine_similarity", "cross_entropy_loss"), {"reduction": 3, "pointwise": 3}),
 }
 POINTWISE_WEIGHT = {  # operations per result element of activations that are one op in aten and several spelled out
-    "gelu": 4, "mish": 4, "softplus": 3, "log_sigmoid_forward": 3, "hardswish": 3, "silu": 2, "elu": 2, "selu": 2, "celu": 2,
-    "sigmoid": 2, "tanh": 2, "erf": 2, "hardsigmoid": 2, "softshrink": 2, "hardshrink": 2, "addcdiv": 2, "lerp": 2,
+    "gelu": 4,
+    "mish": 4,
+    "softplus": 3,
+    "log_sigmoid_forward": 3,
+    "hardswish": 3,
+    "silu": 2,
+    "elu": 2,
+    "selu": 2,
+    "celu": 2,
+    "sigmoid": 2,
+    "tanh": 2,
+    "erf": 2,
+    "hardsigmoid": 2,
+    "softshrink": 2,
+    "hardshrink": 2,
+    "addcdiv": 2,
+    "lerp": 2,
 }
-SMALL_EXTENT = 4  # a contraction over at most this many terms, or a reduction of at most this many values into one, is pointwise work
+SMALL_EXTENT = (
+    4  # a contraction over at most this many terms, or a reduction of at most this many values into one, is pointwise work
+)
 
 
 def op_family(name: str) -> str:
@@ -140,8 +434,12 @@ def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[
             return {"pointwise": produced * (extent + base.startswith(("add", "baddbmm")))}
         return {"contraction": _multiply_adds(base, inputs, produced)}
     if family == "reduction":
-        if (produced and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced
-                and base not in COMPOSITE_WORK and base not in SCAN_OPS):
+        if (
+            produced
+            and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced
+            and base not in COMPOSITE_WORK
+            and base not in SCAN_OPS
+        ):
             return {"pointwise": read}
         return {family: read * factor for family, factor in COMPOSITE_WORK.get(base, {"reduction": 1}).items()}
     if family == "data":
@@ -154,9 +452,26 @@ def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[
 
 MATMULS = frozenset({"mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm"})
 VECTOR_PRODUCTS = frozenset({"mv", "addmv", "dot", "vdot"})
-CONVOLUTIONS = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
-                          "_convolution_mode", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "cudnn_convolution_transpose",
-                          "slow_conv3d_forward", "_slow_conv2d_forward", "slow_conv_transpose2d", "slow_conv_transpose3d"})
+CONVOLUTIONS = frozenset(
+    {
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "_convolution_mode",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "cudnn_convolution_transpose",
+        "slow_conv3d_forward",
+        "_slow_conv2d_forward",
+        "slow_conv_transpose2d",
+        "slow_conv_transpose3d",
+    }
+)
 
 
 def _multiply_adds(name: str, inputs: list[torch.Tensor], produced: int) -> int:
@@ -184,10 +499,27 @@ def _multiply_adds(name: str, inputs: list[torch.Tensor], produced: int) -> int:
 def _contracted_extent(name: str, inputs: list[torch.Tensor]) -> int | None:
     """How many terms each result of a matmul-like op or a convolution sums (None: not known)."""
     operands = inputs[1:] if name.startswith(("add", "baddbmm")) else inputs
-    if name in ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution",
-                "_convolution_mode") and len(inputs) > 1 and inputs[1].dim() > 1:
+    if (
+        name
+        in (
+            "convolution",
+            "_convolution",
+            "conv1d",
+            "conv2d",
+            "conv3d",
+            "cudnn_convolution",
+            "mkldnn_convolution",
+            "_convolution_mode",
+        )
+        and len(inputs) > 1
+        and inputs[1].dim() > 1
+    ):
         return inputs[1].numel() // max(1, inputs[1].shape[0])
-    if operands and operands[0].dim() >= 1 and name in ("mm", "bmm", "matmul", "mv", "dot", "vdot", "addmm", "addbmm", "baddbmm", "addmv"):
+    if (
+        operands
+        and operands[0].dim() >= 1
+        and name in ("mm", "bmm", "matmul", "mv", "dot", "vdot", "addmm", "addbmm", "baddbmm", "addmv")
+    ):
         return operands[0].shape[-1]
     return None
 
@@ -234,7 +566,7 @@ class OpRecorder(TorchDispatchMode):
         self.written: set[int] = set()  # storages holding what custom kernels computed
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func.namespace not in ATEN_NAMESPACES and not self._harness_depth:
             body = _custom_op_body(func)
@@ -256,7 +588,11 @@ class OpRecorder(TorchDispatchMode):
             return result  # a launch's own tensor plumbing (the interpreter copies its arguments with aten ops)
         if not self._harness_depth:
             inputs = tensors.tensors_in((args, kwargs))
-            if self.watch_copies and is_compute_op(name) and any(tensors.is_copy_of(t, inputs) for t in tensors.tensors_in(result)):
+            if (
+                self.watch_copies
+                and is_compute_op(name)
+                and any(tensors.is_copy_of(t, inputs) for t in tensors.tensors_in(result))
+            ):
                 self.copying_ops.add(name)
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
@@ -283,6 +619,7 @@ class OpRecorder(TorchDispatchMode):
                     self.pytorch_outputs[self._identity(whole)] = name
 
     def _identity(self, t: torch.Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
+        assert self.provenance_key is not None, "provenance is followed only with a key"
         return tensors.fingerprint(t, self.provenance_key)[0], tuple(t.shape), t.dtype
 
     def mark_written(self, t: torch.Tensor) -> None:
@@ -300,9 +637,13 @@ class OpRecorder(TorchDispatchMode):
             return "untouched", "computed from data no custom kernel wrote"
         outs = [t for t in outs if t.numel() > 1]  # a lone number can match by chance
         with self.harness_work():
-            sources = [self.pytorch_outputs.get(self._identity(t)) for t in outs]
-        if outs and all(sources):
-            return "copied", f"value for value what PyTorch's {', '.join(sorted(set(sources)))} computed from data no custom kernel wrote"
+            found = [self.pytorch_outputs.get(self._identity(t)) for t in outs]
+        sources = [name for name in found if name]
+        if outs and len(sources) == len(outs):
+            return (
+                "copied",
+                f"value for value what PyTorch's {', '.join(sorted(set(sources)))} computed from data no custom kernel wrote",
+            )
         return None
 
     @contextlib.contextmanager
@@ -314,9 +655,12 @@ class OpRecorder(TorchDispatchMode):
             self._harness_depth -= 1
 
     def compute_ops(self) -> dict[str, dict[str, int]]:
-        return {name: {"calls": n, "elements": self.elements[name]} for name, n in sorted(self.calls.items())
-                if is_compute_op(name) and "::" not in name}
+        return {
+            name: {"calls": n, "elements": self.elements[name]}
+            for name, n in sorted(self.calls.items())
+            if is_compute_op(name) and "::" not in name
+        }
 
-    def work(self) -> dict[str, Any]:
+    def work(self) -> Work:
         """What one call did, for the judge: compute work per family and values read into Python."""
         return {"families": dict(self.family_work), "host_scalars": self.host_scalars, "host_bytes": self.host_bytes}

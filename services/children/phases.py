@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from services.children.device import gpu_lock
+from services.children.device import DeviceLockDescriptors, gpu_lock
 
 
 class Phases:
@@ -23,7 +23,7 @@ class Phases:
         self._mark = now
 
     @contextlib.contextmanager
-    def on_device(self, lock: str | None, work: str, *, exclusive: bool = False) -> Iterator[None]:
+    def on_device(self, lock: str | DeviceLockDescriptors | None, work: str, *, exclusive: bool = False) -> Iterator[None]:
         """A block of GPU work under the device lock, charged to ``work``; the wait to ``lock_wait``
         and anything since the last lap to ``host``."""
         self.lap("host")

@@ -19,11 +19,11 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
 
 from services.children.device import DeviceLock
 from services.children.files import link_tree
@@ -40,8 +40,11 @@ class PoolClosed(RuntimeError):
     """A child was asked of a pool that was closed."""
 
 
-FORGED_RESULT = {"status": "rejected", "guard": "harness_tampering",
-                 "reason": "the child's result is not the one its harness wrote (the signature does not match)"}
+FORGED_RESULT = {
+    "status": "rejected",
+    "guard": "harness_tampering",
+    "reason": "the child's result is not the one its harness wrote (the signature does not match)",
+}
 
 
 @dataclass(eq=False)  # a child is itself: pools hold and remove it by identity
@@ -53,7 +56,9 @@ class Child:
     device_lock: DeviceLock | None = None  # the descriptors the child holds (the worker closed its copies)
     audit: str = ""  # what the child's audit hook refused, a line each (the reward harness's candidates write it)
 
-    def run(self, spec: dict[str, Any], max_result_bytes: int = MAX_RESULT_BYTES) -> tuple[SandboxResult, dict[str, Any] | None]:
+    def run(
+        self, spec: Mapping[str, Any], max_result_bytes: int = MAX_RESULT_BYTES
+    ) -> tuple[SandboxResult, dict[str, Any] | None]:
         """Run the job; the result the child wrote, or None. The spec is given the child's device lock,
         and a key the harness signs its result with (``report``): a result file written by
         anything else in the child (native code) does not verify and reads as ``FORGED_RESULT``.
@@ -109,8 +114,16 @@ class ChildPool:
     kind needs besides.
     """
 
-    def __init__(self, settings: Settings, layout: Layout, device: str, timeout_s: float, size: int, entry: str,
-                 extras: ChildExtras | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        layout: Layout,
+        device: str,
+        timeout_s: float,
+        size: int,
+        entry: str,
+        extras: ChildExtras | None = None,
+    ) -> None:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
         self.entry, self.extras = entry, extras
         self._warm: collections.deque[Child] = collections.deque()
@@ -165,8 +178,12 @@ class ChildPool:
         lock_path = self.layout.gpu_lock(self.device)
         lock = DeviceLock.open(lock_path) if lock_path else None
         try:
-            process = SandboxProcess(argv, self.confinement(workdir, inbox, build_inbox), cwd=workdir,
-                                     pass_fds=(lock.lock_fd, lock.gate_fd) if lock else ())
+            process = SandboxProcess(
+                argv,
+                self.confinement(workdir, inbox, build_inbox),
+                cwd=workdir,
+                pass_fds=(lock.lock_fd, lock.gate_fd) if lock else (),
+            )
         finally:
             if lock:
                 lock.close()  # the child holds its own copies, at the same numbers

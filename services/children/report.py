@@ -15,7 +15,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 RESULT_FILE = "result.json"
 KEY_FIELD = "result_key"
@@ -71,7 +71,7 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def read_result(path: Path, key: str, max_bytes: int) -> dict[str, Any] | None | bool:
+def read_result(path: Path, key: str, max_bytes: int) -> dict[str, Any] | None | Literal[False]:
     """The result the child's harness signed; None where there is none (too large, not a regular
     file, unreadable, not a JSON object); False where a result is there but not the harness's (a forgery)."""
     try:

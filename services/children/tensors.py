@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def map_tensors(obj: Any, fn) -> Any:  # type: ignore[no-untyped-def]
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
@@ -31,13 +31,18 @@ def walk(obj: Any) -> Any:
     yielded, never iterated, so no code of the candidate's runs while the harness looks."""
     yield obj
     if type(obj) in PLAIN_CONTAINERS or type(obj).__module__ == "torch.return_types":
-        for value in (obj.values() if isinstance(obj, dict) else obj):
+        for value in obj.values() if isinstance(obj, dict) else obj:
             yield from walk(value)
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
-    map_tensors(obj, lambda t: found.append(t) or t)
+
+    def collect(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(obj, collect)
     return found
 
 
@@ -122,7 +127,7 @@ def slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
     """The same flat slice of each tensor in turn (elementwise work without whole-size temporaries)."""
     flat = [t.reshape(-1) for t in ts]
     for start in range(0, flat[0].numel(), SLICE_ELEMENTS):
-        yield [f[start:start + SLICE_ELEMENTS] for f in flat]
+        yield [f[start : start + SLICE_ELEMENTS] for f in flat]
 
 
 def plain(obj: Any) -> Any:
@@ -174,8 +179,10 @@ def fingerprint(obj: Any, key: int) -> list[int]:
 @functools.lru_cache(maxsize=16)  # the refresh replay fingerprints every op's output under one key
 def _fingerprint_weights(key: int, rows: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(key)
-    a, b = (torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64).to(device)
-            for n in (_FINGERPRINT_ROW, rows))
+    a, b = (
+        torch.randint(-(2**63), 2**63 - 1, (n,), generator=generator, dtype=torch.int64).to(device)
+        for n in (_FINGERPRINT_ROW, rows)
+    )
     return a, b
 
 
@@ -190,12 +197,12 @@ def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
     a, b = _fingerprint_weights(key, -(-words.numel() // _FINGERPRINT_ROW), str(t.device))
     total = torch.zeros((), dtype=torch.int64, device=t.device)
     for start in range(0, words.numel(), _FINGERPRINT_SLAB):
-        chunk = words[start:start + _FINGERPRINT_SLAB].to(torch.int64)
+        chunk = words[start : start + _FINGERPRINT_SLAB].to(torch.int64)
         if chunk.numel() % _FINGERPRINT_ROW:  # the tail, padded with zeros (they add nothing)
             chunk = torch.nn.functional.pad(chunk, (0, _FINGERPRINT_ROW - chunk.numel() % _FINGERPRINT_ROW))
         block = chunk.view(-1, _FINGERPRINT_ROW)
         first = start // _FINGERPRINT_ROW
-        total += ((block * a).sum(dim=1) * b[first:first + block.shape[0]]).sum()
+        total += ((block * a).sum(dim=1) * b[first : first + block.shape[0]]).sum()
     return int(total) ^ (words.numel() << 8) ^ words.element_size()
 
 
@@ -218,8 +225,14 @@ def is_copy_of(t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
     """Whether ``t`` holds (nearly all of) another launch argument's values in the same places: a copy
     kernel computes nothing, so the knockout leaves what it wrote alone and the kernels' share of the
     output shows it."""
-    return any(source.numel() == t.numel() and source.dtype == t.dtype and source.data_ptr() != t.data_ptr() and t.numel()
-               and same_share(t, source) >= COPY_SHARE for source in sources)
+    return any(
+        source.numel() == t.numel()
+        and source.dtype == t.dtype
+        and source.data_ptr() != t.data_ptr()
+        and t.numel()
+        and same_share(t, source) >= COPY_SHARE
+        for source in sources
+    )
 
 
 def storage_id(t: torch.Tensor) -> int:

@@ -20,11 +20,29 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 L2_FLUSH_BYTES = 256 << 20  # several times the H100/H200 L2 (50-60 MB)
+
+
+class Timing(TypedDict, total=False):
+    """What ``time_gpu`` measured (the reward harness adds its candidate's launches per timed call)."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    samples: int
+    rse: float
+    untimed_ms_per_call: float
+    side_stream_work: bool
+    method: str
+    calls: int
+    flush_ms: float
+    flush_bytes: int
+    launches_per_call: float
 
 
 def time_gpu(
@@ -37,7 +55,7 @@ def time_gpu(
     target_rse: float = 0.005,
     budget_s: float = 10.0,
     prepare: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> Timing:
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     calls = 0
 

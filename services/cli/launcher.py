@@ -6,6 +6,7 @@ uvicorn's workers). Ctrl-C or SIGTERM stops them all: SIGTERM, a grace period, t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -57,16 +59,46 @@ def platform_commands(settings: Settings, services: tuple[str, ...] = SERVICE_NA
     processes = []
     for service in services:
         package = SERVICE_PACKAGES[service]
-        processes.append(ManagedProcess(f"{service}-api", [
-            sys.executable, "-m", "uvicorn", f"{package}.api:app",
-            "--host", settings.host, "--port", str(settings.service_port(service)), "--no-access-log",
-        ]))
+        processes.append(
+            ManagedProcess(
+                f"{service}-api",
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    f"{package}.api:app",
+                    "--host",
+                    settings.host,
+                    "--port",
+                    str(settings.service_port(service)),
+                    "--no-access-log",
+                ],
+            )
+        )
         queues = ",".join(service_queues(service, settings.gpu_devices))
-        processes.append(ManagedProcess(f"{service}-worker", [
-            sys.executable, "-m", "celery", "-A", f"{package}.worker", "worker",
-            "-Q", queues, *worker_pool_args(service, settings), "-n", f"{service}@%h", "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]))
+        processes.append(
+            ManagedProcess(
+                f"{service}-worker",
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    f"{package}.worker",
+                    "worker",
+                    "-Q",
+                    queues,
+                    *worker_pool_args(service, settings),
+                    "-n",
+                    f"{service}@%h",
+                    "--loglevel",
+                    "INFO",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+            )
+        )
     return processes
 
 
@@ -86,10 +118,22 @@ def local_redis_command(settings: Settings) -> ManagedProcess:
             "(apt-get install redis-server, or point KZ_REDIS_URL at a running Redis)"
         )
     port = urlparse(settings.redis_url).port or 6379
-    return ManagedProcess("redis", [
-        server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-        "--dir", str(settings.data_dir),
-    ])
+    return ManagedProcess(
+        "redis",
+        [
+            server,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(settings.data_dir),
+        ],
+    )
 
 
 class Launcher:
@@ -110,8 +154,12 @@ class Launcher:
 
     def _spawn(self, process: ManagedProcess, env: dict[str, str]) -> None:
         process.popen = subprocess.Popen(
-            process.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
+            process.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
         process.reader = threading.Thread(target=self._stream, args=(process,), daemon=True)
         process.reader.start()
@@ -124,7 +172,7 @@ class Launcher:
             line = raw.decode(errors="replace").rstrip()
             self.console.print(f"[{color}]{process.name:>15}[/] | {line}", markup=True, highlight=False, soft_wrap=True)
 
-    def _wait_for(self, predicate, what: str, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
+    def _wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if predicate() or self._stopping.is_set():  # Ctrl-C during start-up stops at once
@@ -136,7 +184,7 @@ class Launcher:
     def wait_until_ready(self, timeout_s: float = 90) -> None:
         for service in self.services:
             url = f"{self.settings.service_url(service)}/readyz"
-            self._wait_for(lambda url=url: _answers_200(url), f"{service} service", timeout_s)
+            self._wait_for(functools.partial(_answers_200, url), f"{service} service", timeout_s)
 
     def raise_if_child_died(self) -> None:
         for process in self.processes:

@@ -13,9 +13,7 @@ from typing import Any, ClassVar, Self
 import httpx
 
 from services.config import Settings, get_settings
-from services.schemas.jobs import JobOut, ProbeIn, Readiness
-
-TERMINAL_STATUSES = ("succeeded", "failed")
+from services.schemas.jobs import FINISHED, JobOut, ProbeIn, Readiness
 
 
 class ServiceError(RuntimeError):
@@ -119,7 +117,7 @@ class ServiceClient:
         deadline = time.monotonic() + timeout_s
         while True:
             job = self.get_job(job_id)
-            if job.status in TERMINAL_STATUSES:
+            if job.status in FINISHED:
                 return job
             if time.monotonic() >= deadline:
                 raise JobTimeout(job, timeout_s)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from services.clients.base import TERMINAL_STATUSES, JobTimeout, ServiceClient
+from services.clients.base import JobTimeout, ServiceClient
 from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+from services.schemas.jobs import FINISHED
 
 
 class CoderClient(ServiceClient):
@@ -14,7 +15,7 @@ class CoderClient(ServiceClient):
         """Submit; waits up to ``request.wait_s`` in all (route wait, then polling the job)."""
         body = request.model_copy(update={"wait_s": min(request.wait_s, self.route_wait_s)})
         response = KernelResponse.model_validate(self.request("POST", "/v1/kernels", json=body.model_dump()).json())
-        if response.job_status in TERMINAL_STATUSES:
+        if response.job_status in FINISHED:
             return response
         try:
             self.wait_for_job(response.job_id, timeout_s=request.wait_s)

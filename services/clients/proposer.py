@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from services.clients.base import TERMINAL_STATUSES, ServiceClient
+from services.clients.base import ServiceClient
+from services.schemas.jobs import FINISHED
 from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage
 
 ROUTE_WAIT_S = 20.0  # the route holds a request at most this long; longer waits poll the job
@@ -17,7 +18,7 @@ class ProposerClient(ServiceClient):
         """Run a round; ``job_status`` is still queued/running only when ``wait_s`` ran out."""
         body = request.model_copy(update={"wait_s": min(wait_s, ROUTE_WAIT_S)})
         response = ProposeResponse.model_validate(self.request("POST", "/v1/tasks/propose", json=body.model_dump()).json())
-        if response.job_status in TERMINAL_STATUSES or wait_s <= ROUTE_WAIT_S:
+        if response.job_status in FINISHED or wait_s <= ROUTE_WAIT_S:
             return response
         try:
             job = self.wait_for_job(response.job_id, wait_s)
@@ -27,7 +28,9 @@ class ProposerClient(ServiceClient):
         return ProposeResponse(job_id=job.id, job_status=job.status, result=result, error=job.error)
 
     def tasks(self, status: str | None = None, origin: str | None = None, limit: int = 50, offset: int = 0) -> TaskPage:
-        params = {k: v for k, v in {"status": status, "origin": origin, "limit": limit, "offset": offset}.items() if v is not None}
+        params = {
+            k: v for k, v in {"status": status, "origin": origin, "limit": limit, "offset": offset}.items() if v is not None
+        }
         return TaskPage.model_validate(self.request("GET", f"/v1/tasks?{urlencode(params)}").json())
 
     def task(self, task_id: str) -> TaskOut:

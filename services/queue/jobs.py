@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -26,6 +26,7 @@ from services.config import get_settings
 from services.db.models import Job
 from services.db.session import session_scope
 from services.queue.app import producer
+from services.schemas.jobs import FINISHED
 
 log = structlog.get_logger(__name__)
 
@@ -81,12 +82,12 @@ def get_job(job_id: str) -> Job:
 
 def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
     """Count an attempt; return the job to run, or None with the reason to skip it."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with session_scope() as session:
         job = session.get(Job, job_id)
         if job is None:
             return None, "unknown job"
-        if job.status in ("succeeded", "failed"):
+        if job.status in FINISHED:
             return None, f"already {job.status}"
         job.attempts += 1
         job.status = "running"
@@ -106,9 +107,10 @@ def _finish(job_id: str, status: str, result: dict[str, Any] | None, error: str 
         updated = session.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == "running")
-            .values(status=status, result=result, error=error, finished_at=datetime.now(timezone.utc))
+            .values(status=status, result=result, error=error, finished_at=datetime.now(UTC))
         )
-        return updated.rowcount == 1
+        # an UPDATE's result is a CursorResult, which its declared type (Result) does not say
+        return updated.rowcount == 1  # type: ignore[attr-defined]
 
 
 def run_job(job_id: str, work: JobFunction) -> None:

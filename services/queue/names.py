@@ -4,9 +4,13 @@ from __future__ import annotations
 
 PROPOSAL = "proposal"
 GENERATION = "generation"
-COMPILE = "compile"
 TRAINING = "training"
 SCORE_CPU = "score.cpu"
+
+# Task names: a job is sent by name, so the sender (any service, the trainer) needs no import of the worker.
+PROPOSE_TASK = "proposer.propose"
+GENERATE_TASK = "coder.generate"
+SCORE_GROUP_TASK = "reward.score_group"
 
 
 def scoring_queue(device: int | None) -> str:
@@ -23,7 +27,7 @@ def service_queues(service: str, gpu_devices: list[int]) -> list[str]:
     return {
         "proposer": [PROPOSAL],
         "coder": [GENERATION],
-        "reward": [COMPILE, *scoring_queues(gpu_devices)],
+        "reward": scoring_queues(gpu_devices),
         "trainer": [TRAINING],
     }[service]
 

@@ -8,8 +8,8 @@ IPC namespaces, hidden HOME and data dirs; see ``bwrap``), else a documented wea
 result records which one ran.
 """
 
-from services.sandbox.isolation import sandbox_available
 from services.sandbox.confinement import Confinement, SandboxResult
+from services.sandbox.isolation import sandbox_available
 from services.sandbox.process import SandboxProcess, run_sandboxed
 
 __all__ = ["Confinement", "SandboxProcess", "SandboxResult", "run_sandboxed", "sandbox_available"]

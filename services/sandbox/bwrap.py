@@ -37,8 +37,23 @@ _ALWAYS_HIDDEN = (Path("/run"), Path("/var/run"))
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 # What of /etc programs read: the dynamic loader, user and group names, alternatives (cc -> gcc),
 # name-service and time-zone settings. Nothing with secrets.
-ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf", "hosts",
-               "host.conf", "localtime", "timezone", "os-release", "debian_version", "lsb-release", "gai.conf")
+ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "localtime",
+    "timezone",
+    "os-release",
+    "debian_version",
+    "lsb-release",
+    "gai.conf",
+)
 CHECKOUT = Path(os.path.realpath(__file__)).parents[2]
 
 
@@ -103,7 +118,9 @@ def _visible(confinement: Confinement) -> list[Path]:
     toolkits = {_real(Path(cuda_home))} if cuda_home and Path(cuda_home).is_dir() else set()
     packages = {p for p in CHECKOUT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     roots = prefixes | toolkits | packages | (imports - {CHECKOUT})
-    chosen = [p for p in sorted(roots) if not any(p.is_relative_to(c) for c in system) and not any(p.is_relative_to(s) for s in secret)]
+    chosen = [
+        p for p in sorted(roots) if not any(p.is_relative_to(c) for c in system) and not any(p.is_relative_to(s) for s in secret)
+    ]
     return system + etc + chosen
 
 

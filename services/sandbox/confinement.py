@@ -89,7 +89,7 @@ class SandboxResult:
                 name = _signal.Signals(self.signal).name
             except ValueError:
                 name = f"signal {self.signal}"
-            hint = _LIMIT_SIGNALS.get(self.signal)
+            hint = next((why for sig, why in _LIMIT_SIGNALS.items() if sig == self.signal), None)
             text = f"killed by {name}" + (f" ({hint})" if hint else "")
         else:
             text = f"exited {self.returncode}"

@@ -20,7 +20,7 @@ MODES = ("auto", "bwrap", "fallback")
 
 
 def sandbox_available() -> str:
-    """"bwrap" or "fallback", as KZ_SANDBOX and the (cached) bwrap probe decide."""
+    """ "bwrap" or "fallback", as KZ_SANDBOX and the (cached) bwrap probe decide."""
     choice = os.environ.get("KZ_SANDBOX", "auto").strip().lower() or "auto"
     if choice not in MODES:
         raise ValueError(f"KZ_SANDBOX must be one of {', '.join(MODES)}, not {choice!r}")

@@ -24,11 +24,11 @@ from typing import IO
 import psutil
 
 from services.sandbox.bwrap import bwrap_argv, bwrap_probe
+from services.sandbox.confinement import Confinement, SandboxResult
 from services.sandbox.fallback import fallback_prefix
 from services.sandbox.isolation import sandbox_available
 from services.sandbox.limits import preexec, rlimits
 from services.sandbox.output import OutputCollector
-from services.sandbox.confinement import Confinement, SandboxResult
 
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -36,7 +36,9 @@ _PATH = "/usr/local/bin:/usr/bin:/bin"
 class SandboxProcess:
     """A sandboxed child, started now and given its input later by ``run``."""
 
-    def __init__(self, argv: Sequence[str], confinement: Confinement, cwd: Path | None = None, pass_fds: Sequence[int] = ()) -> None:
+    def __init__(
+        self, argv: Sequence[str], confinement: Confinement, cwd: Path | None = None, pass_fds: Sequence[int] = ()
+    ) -> None:
         """``pass_fds``: descriptors the child inherits at the same numbers (a lock it may take, but
         whose file it cannot see); every other descriptor of this process is closed in the child."""
         if not argv:
@@ -170,9 +172,7 @@ class SandboxProcess:
             self._private_dir = None
 
 
-def run_sandboxed(
-    argv: Sequence[str], confinement: Confinement, stdin: bytes = b"", cwd: Path | None = None
-) -> SandboxResult:
+def run_sandboxed(argv: Sequence[str], confinement: Confinement, stdin: bytes = b"", cwd: Path | None = None) -> SandboxResult:
     """Start a sandboxed child and run it to the end."""
     return SandboxProcess(argv, confinement, cwd).run(stdin)
 

@@ -8,19 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.schemas.reward import MAX_SOURCE_CHARS, VerdictOut
+from services.llm.chat import Sampling
+from services.schemas.reward import MAX_SOURCE_CHARS, ScoredVerdict
 
 ModelBackend = Literal["template", "openai", "hf"]
 KernelBackendName = Literal["cuda", "triton"]
-
-
-class SamplingIn(BaseModel):
-    """Unset fields take the service's defaults (``KZ_CODER_TEMPERATURE`` and friends)."""
-
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=16, le=65536)
-    seed: int | None = Field(None, ge=0, lt=2**63)
 
 
 class ScoringIn(BaseModel):
@@ -33,13 +25,14 @@ class ScoringIn(BaseModel):
 
 
 class KernelRequest(BaseModel):
-    module: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS,
-                        description="KernelBench module: Model, get_inputs, get_init_inputs.")
+    module: str = Field(
+        ..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench module: Model, get_inputs, get_init_inputs."
+    )
     backend: KernelBackendName = "triton"
     n: int = Field(4, ge=1, le=64, description="Candidates to generate; the best verified one is returned.")
     wait_s: float = Field(60.0, ge=0, le=600, description="How long to wait for the result before answering with the job id.")
     model_backend: ModelBackend | None = Field(None, description="Override the service's model backend for this request.")
-    sampling: SamplingIn = SamplingIn()
+    sampling: Sampling = Field(Sampling(), description="Fields left out take the service's defaults; n is the request's.")
     scoring: ScoringIn = ScoringIn()
 
     @field_validator("module")
@@ -67,7 +60,7 @@ class CandidateReport(BaseModel):
     model_version: str | None = None
     source: str | None = None
     declined: str | None = Field(None, description="Why the generator produced no kernel (not scored).")
-    verdict: VerdictOut | None = None
+    verdict: ScoredVerdict | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -84,7 +77,8 @@ class KernelResult(BaseModel):
     reward_job_id: str | None = None
     model_version_id: str | None = Field(None, description="The serving model version the job used, if one was recorded.")
     prompt: list[dict[str, str]] | None = Field(
-        None, description="The chat messages the drafts were sampled from, once (an LLM backend; the template has none).")
+        None, description="The chat messages the drafts were sampled from, once (an LLM backend; the template has none)."
+    )
 
 
 class KernelResponse(BaseModel):
@@ -97,9 +91,12 @@ class KernelResponse(BaseModel):
 class ModelSwitch(BaseModel):
     """What the Coder serves next: a model, or a LoRA adapter on top of one."""
 
-    name: str = Field(..., min_length=1, max_length=200,
-                      description="Served model name (OpenAI-compatible endpoints) or the adapter's name.")
-    base_model: str | None = Field(None, max_length=500, description="Base model name or local path; default: the configured one.")
+    name: str = Field(
+        ..., min_length=1, max_length=200, description="Served model name (OpenAI-compatible endpoints) or the adapter's name."
+    )
+    base_model: str | None = Field(
+        None, max_length=500, description="Base model name or local path; default: the configured one."
+    )
     adapter_path: str | None = Field(None, max_length=1000, description="LoRA adapter directory, as the workers see it.")
 
 

@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
+FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed")
 
 
 class JobOut(BaseModel):

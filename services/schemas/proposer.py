@@ -13,7 +13,9 @@ TaskStatus = Literal["pending", "valid", "rejected", "reference"]
 
 class ProposeRequest(BaseModel):
     count: int = Field(..., ge=1, le=500, description="Modules to propose (each is validated; rejected ones are stored too).")
-    backend: ComposerName | None = Field(None, description="Who composes: the programmatic composer or the LLM; default KZ_PROPOSER_COMPOSER.")
+    backend: ComposerName | None = Field(
+        None, description="Who composes: the programmatic composer or the LLM; default KZ_PROPOSER_COMPOSER."
+    )
     difficulty: float = Field(0.5, ge=0, le=1, description="0: few ops, small tensors .. 1: long chains, larger tensors.")
     max_ops: int = Field(6, ge=1, le=32, description="Upper bound on operations per module.")
     api_set_size: int | None = Field(None, ge=1, le=16, description="APIs sampled per module; default KZ_PROPOSER_API_SET_SIZE.")

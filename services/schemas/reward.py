@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from dataclasses import field
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field
-
-from reward_svc.rewards import CAGRPOConfig
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field
+from pydantic.dataclasses import dataclass
 
 MAX_SOURCE_CHARS = 200_000
 VerdictStatus = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unverified"]
+# The checks that reject a candidate (docs/REWARD.md has each one's hack class, mechanism and tests).
+Guard = Literal[
+    # before anything runs: the capability policy on its source
+    "forbidden_import",
+    "forbidden_call",
+    "harness_tampering",
+    "precision_downgrade",
+    "pytorch_fallback",
+    # in its child: the native policy, launches, what forward did to its inputs and outputs
+    "native_policy",
+    "exception_fallback",
+    "no_custom_kernel",
+    "conditional_fallback",
+    "host_compute",
+    "input_mutation",
+    "late_write",
+    "background_thread",
+    # the judge, from the output files and what the child recorded
+    "output_tampering",
+    "cross_call_cache",
+    "decoy_kernel",
+    "kernel_share",
+    "knockout_evasion",
+    "timing_evasion",
+]
+GUARDS: frozenset[str] = frozenset(get_args(Guard))
+
+
+class CAGRPOConfig(BaseModel):
+    threshold: float = Field(0.5, ge=0, le=1, description="Group correct fraction from which speed counts.")
+    speed_weight: float = Field(0.5, ge=0, description="λ: weight of the speed score.")
+    speed_score: Literal["log_speedup", "rank"] = "log_speedup"
+    log_clip: float = Field(1.0, gt=0, description="log-speedup is clipped to ±this, then divided by it.")
+    eps: float = Field(1e-6, gt=0)
 
 
 class ScoreOptions(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     backend: Literal["cuda", "triton"] = "triton"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trials: int = Field(3, ge=1, le=20, description="Correctness trials, each with fresh secret inputs.")
@@ -21,10 +57,13 @@ class ScoreOptions(BaseModel):
     timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
     measure_speed: bool = True
     time_compiled: bool = Field(False, description="Also time the reference under torch.compile.")
+    timing_budget_s: float = Field(10.0, gt=0, le=600, description="GPU timing: how long each side's timed calls may take.")
 
 
 class ScoreRequest(BaseModel):
-    reference: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench reference: Model, get_inputs, get_init_inputs.")
+    reference: str = Field(
+        ..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench reference: Model, get_inputs, get_init_inputs."
+    )
     candidate: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench candidate: ModelNew.")
     options: ScoreOptions = ScoreOptions()
     wait_s: float = Field(60.0, ge=0, le=600, description="How long to wait for the verdict before answering with the job id.")
@@ -38,23 +77,42 @@ class GroupScoreRequest(BaseModel):
     wait_s: float = Field(60.0, ge=0, le=600)
 
 
-class VerdictOut(BaseModel):
+@dataclass
+class Verdict:
+    """What the reward service concluded about one candidate, and the numbers behind it."""
+
     status: VerdictStatus
-    correct: bool
     reason: str
-    guard: str | None = None
-    reward: float
-    advantage: float | None = None
-    speedup: float | None = None
+    guard: Guard | None = None
+    max_abs_error: float | None = None
     runtime_ms: float | None = None
     ref_runtime_ms: float | None = None
-    max_abs_error: float | None = None
+    speedup: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    # pydantic's computed field over a property, which mypy does not follow
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as JSON data, ``correct`` included."""
+        data: dict[str, Any] = TypeAdapter(type(self)).dump_python(self, mode="json")
+        return data
+
+
+@dataclass
+class ScoredVerdict(Verdict):
+    """A verdict with its CA-GRPO reward and advantage within its group, and the device it ran on."""
+
+    reward: float = 0.0
+    advantage: float | None = None
     device: str | None = None
-    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class GroupResult(BaseModel):
-    verdicts: list[VerdictOut]
+    verdicts: list[ScoredVerdict]
     correct_fraction: float
     speed_rewarded: bool
 
@@ -62,7 +120,7 @@ class GroupResult(BaseModel):
 class ScoreResponse(BaseModel):
     job_id: str
     job_status: str
-    verdict: VerdictOut | None = None
+    verdict: ScoredVerdict | None = None
     error: str | None = None
 
 

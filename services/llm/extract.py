@@ -18,8 +18,29 @@ from dataclasses import dataclass
 _FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)[^`]*$")
 _CODE_START = re.compile(r"^(import |from \S+ import |class |def |async def |@)")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_NON_PYTHON = frozenset({"cuda", "cu", "cpp", "c++", "c", "h", "hpp", "bash", "sh", "shell", "console", "text", "json",
-                         "yaml", "diff", "makefile", "cmake", "ptx", "output"})
+_NON_PYTHON = frozenset(
+    {
+        "cuda",
+        "cu",
+        "cpp",
+        "c++",
+        "c",
+        "h",
+        "hpp",
+        "bash",
+        "sh",
+        "shell",
+        "console",
+        "text",
+        "json",
+        "yaml",
+        "diff",
+        "makefile",
+        "cmake",
+        "ptx",
+        "output",
+    }
+)
 _BUILTINS = frozenset(dir(builtins))
 _MAX_TRIMS = 64
 
@@ -118,7 +139,7 @@ def _top_level_names(tree: ast.Module) -> set[str]:
 
 def _free_names(tree: ast.Module) -> set[str]:
     """Names read somewhere and bound nowhere in the block (a rough scope-free view, enough to join blocks)."""
-    bound, read = set(_top_level_names(tree)), set()
+    bound, read = set(_top_level_names(tree)), set[str]()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)

@@ -16,8 +16,8 @@ from fastapi import FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from coder_svc.models.base import Sampling
-from coder_svc.models.hf_local import HFChatModel
+from services.llm.chat import Sampling
+from services.llm.hf_local import HFChatModel
 
 
 class ChatMessage(BaseModel):
@@ -97,28 +97,45 @@ def create_openai_app(model: HFChatModel) -> FastAPI:
     @app.get("/v1/models")
     def list_models() -> ModelList:
         cards = [ModelCard(id=model.name, created=started, root=str(model.model_path), version=model.base_version)]
-        cards += [ModelCard(id=name, created=started, root=adapter_paths.get(name, ""), parent=model.name,
-                            version=f"{model.base_version}+{version}") for name, version in sorted(model.adapters.items())]
+        cards += [
+            ModelCard(
+                id=name,
+                created=started,
+                root=adapter_paths.get(name, ""),
+                parent=model.name,
+                version=f"{model.base_version}+{version}",
+            )
+            for name, version in sorted(model.adapters.items())
+        ]
         return ModelList(data=cards)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> ChatCompletionResponse:
         if request.stream:
             raise HTTPException(400, "stream=true is not supported by this server")
-        sampling = Sampling(n=request.n, temperature=request.temperature, top_p=request.top_p,
-                            max_tokens=request.max_tokens, seed=request.seed)
+        sampling = Sampling(
+            n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens, seed=request.seed
+        )
         messages = [m.model_dump() for m in request.messages]
         try:
             [(completions, usage)] = await run_in_threadpool(model.sample, [messages], sampling, request.model)
         except KeyError:
             raise HTTPException(404, f"The model `{request.model}` does not exist.") from None
         return ChatCompletionResponse(
-            id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=completions[0].model,
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=completions[0].model,
             system_fingerprint=completions[0].model_version or model.base_version,
-            choices=[Choice(index=i, message=ChoiceMessage(content=c.text), finish_reason=c.finish_reason)
-                     for i, c in enumerate(completions)],
-            usage=UsageOut(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                           total_tokens=usage.prompt_tokens + usage.completion_tokens))
+            choices=[
+                Choice(index=i, message=ChoiceMessage(content=c.text), finish_reason=c.finish_reason)
+                for i, c in enumerate(completions)
+            ],
+            usage=UsageOut(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            ),
+        )
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: LoadLoraRequest) -> str:
@@ -139,4 +156,3 @@ def create_openai_app(model: HFChatModel) -> FastAPI:
         return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
 
     return app
-

@@ -20,12 +20,18 @@ from typing import Any
 import httpx
 import structlog
 
-from coder_svc.models.base import Completion, Message, Sampling
+from services.llm.chat import Completion, Message, Sampling
 
 log = structlog.get_logger(__name__)
 
-RETRYABLE_TRANSPORT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError,
-                              httpx.ReadError, httpx.WriteError)
+RETRYABLE_TRANSPORT_ERRORS = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
 
 
 class ModelBackendError(RuntimeError):
@@ -60,7 +66,8 @@ class OpenAIChatModel:
         self.backoff_max_s = backoff_max_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
-            base_url=self.base_url, headers=headers,
+            base_url=self.base_url,
+            headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
         )
@@ -89,12 +96,14 @@ class OpenAIChatModel:
             self._multi_n = False
             return completions
         if len(completions) < sampling.n:  # servers that ignore n answer once
-            completions += self._parallel_singles(model, messages, sampling, sampling.n - len(completions),
-                                                  seed_offset=len(completions))
+            completions += self._parallel_singles(
+                model, messages, sampling, sampling.n - len(completions), seed_offset=len(completions)
+            )
         return completions[: sampling.n]
 
-    def _parallel_singles(self, model: str, messages: list[Message], sampling: Sampling, count: int,
-                          seed_offset: int = 0) -> list[Completion]:
+    def _parallel_singles(
+        self, model: str, messages: list[Message], sampling: Sampling, count: int, seed_offset: int = 0
+    ) -> list[Completion]:
         # Distinct seeds keep seeded single requests from all returning the same sample.
         def one(i: int) -> list[Completion]:
             seed = None if sampling.seed is None else sampling.seed + seed_offset + i
@@ -104,10 +113,17 @@ class OpenAIChatModel:
             return one(0)
         return [c for batch in self._pool.map(one, range(count)) for c in batch]
 
-    def _request(self, model: str, messages: list[Message], sampling: Sampling, n: int,
-                 seed: int | None = None) -> list[Completion]:
-        body: dict[str, Any] = {"model": model, "messages": messages, "n": n, "temperature": sampling.temperature,
-                                "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
+    def _request(
+        self, model: str, messages: list[Message], sampling: Sampling, n: int, seed: int | None = None
+    ) -> list[Completion]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "n": n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+        }
         seed = sampling.seed if seed is None else seed
         if seed is not None:
             body["seed"] = seed
@@ -117,9 +133,15 @@ class OpenAIChatModel:
             version = data.get("system_fingerprint") or self.model_version(served)
         except ModelBackendError:  # the completions are good; an endpoint without /models costs only the version
             version = None
-        return [Completion(text=(choice.get("message") or {}).get("content") or "", model=served,
-                           model_version=version, finish_reason=choice.get("finish_reason"))
-                for choice in sorted(data.get("choices", []), key=lambda c: c.get("index", 0))]
+        return [
+            Completion(
+                text=(choice.get("message") or {}).get("content") or "",
+                model=served,
+                model_version=version,
+                finish_reason=choice.get("finish_reason"),
+            )
+            for choice in sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        ]
 
     # --- served model and version ----------------------------------------------------------------
 
@@ -166,8 +188,13 @@ class OpenAIChatModel:
 
     def describe(self) -> dict[str, Any]:
         model = self.served_model()
-        return {"backend": self.backend, "base_url": self.base_url, "model": model,
-                "model_version": self.model_version(model), "max_concurrency": self.max_concurrency}
+        return {
+            "backend": self.backend,
+            "base_url": self.base_url,
+            "model": model,
+            "model_version": self.model_version(model),
+            "max_concurrency": self.max_concurrency,
+        }
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

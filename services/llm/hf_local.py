@@ -24,7 +24,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
-from coder_svc.models.base import Completion, Message, Sampling
+from services.llm.chat import Completion, Message, Sampling
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
@@ -38,8 +38,16 @@ class Usage:
 class HFChatModel:
     backend = "hf"
 
-    def __init__(self, model_path: str | Path, lora_path: str | Path | None = None, *, name: str | None = None,
-                 device: str | None = None, dtype: torch.dtype | None = None, batch_size: int = 16) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        lora_path: str | Path | None = None,
+        *,
+        name: str | None = None,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        batch_size: int = 16,
+    ) -> None:
         self.model_path = Path(model_path)
         self.name = name or self.model_path.name
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -48,8 +56,10 @@ class HFChatModel:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"  # decoder-only: generation continues from the right edge
+        # transformers types .to() on a loaded model as taking the model itself; it takes a device
         self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=dtype or (torch.bfloat16 if self.device == "cuda" else torch.float32)).to(self.device)
+            self.model_path, dtype=dtype or (torch.bfloat16 if self.device == "cuda" else torch.float32)
+        ).to(self.device)  # type: ignore[arg-type]
         self.model.eval()
         self.base_version = f"{self.name}@{_fingerprint(self.model_path, config_only=True)}"
         self.adapters: dict[str, str] = {}  # name -> version
@@ -101,7 +111,9 @@ class HFChatModel:
             else:
                 raise KeyError(f"unknown model {name!r}; serving {self.name!r} with adapters {sorted(self.adapters)}")
 
-    def _generator(self) -> PreTrainedModel | PeftModel:
+    def _generator(self) -> Any:
+        """The base model, or the peft wrapper while adapters are loaded (both ``generate``; typed as
+        Any since peft's wrapper forwards the call the type checker cannot see)."""
         return self.model if self._peft is None else self._peft
 
     @property
@@ -116,9 +128,16 @@ class HFChatModel:
         return self.base_version if name == self.name else f"{self.base_version}+{self.adapters[name]}"
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.backend, "model": self.served_name, "model_version": self.version,
-                "base_model": self.name, "path": str(self.model_path), "adapter": self.active_adapter,
-                "adapters": sorted(self.adapters), "device": self.device}
+        return {
+            "backend": self.backend,
+            "model": self.served_name,
+            "model_version": self.version,
+            "base_model": self.name,
+            "path": str(self.model_path),
+            "adapter": self.active_adapter,
+            "adapters": sorted(self.adapters),
+            "device": self.device,
+        }
 
     # --- sampling ------------------------------------------------------------------------------
 
@@ -157,8 +176,9 @@ class HFChatModel:
     def complete(self, messages: list[Message], sampling: Sampling) -> list[Completion]:
         return self.sample([messages], sampling)[0][0]
 
-    def sample(self, conversations: list[list[Message]], sampling: Sampling,
-               model_name: str | None = None) -> list[tuple[list[Completion], Usage]]:
+    def sample(
+        self, conversations: list[list[Message]], sampling: Sampling, model_name: str | None = None
+    ) -> list[tuple[list[Completion], Usage]]:
         """``sampling.n`` replies to each conversation, with token counts; batched across all of them.
         ``model_name`` picks the base model or a loaded adapter for this call only."""
         prompts = [self.render(c) for c in conversations]
@@ -170,21 +190,31 @@ class HFChatModel:
             if sampling.seed is not None:
                 set_seed(sampling.seed)
             for start in range(0, len(rows), self.batch_size):
-                batch = self.tokenizer(rows[start:start + self.batch_size], return_tensors="pt", padding=True,
-                                       add_special_tokens=False).to(self.device)
+                batch = self.tokenizer(
+                    rows[start : start + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+                ).to(self.device)
                 generated = self._generator().generate(
-                    **batch, do_sample=sample, max_new_tokens=sampling.max_tokens,
-                    pad_token_id=self.tokenizer.pad_token_id, eos_token_id=eos,
-                    **({"temperature": sampling.temperature, "top_p": sampling.top_p} if sample else {}))
-                for tokens in generated[:, batch["input_ids"].shape[1]:].tolist():
+                    **batch,
+                    do_sample=sample,
+                    max_new_tokens=sampling.max_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=eos,
+                    **({"temperature": sampling.temperature, "top_p": sampling.top_p} if sample else {}),
+                )
+                for tokens in generated[:, batch["input_ids"].shape[1] :].tolist():
                     finished = eos is not None and eos in tokens
                     if finished:
-                        tokens = tokens[:tokens.index(eos)]
-                    texts.append((self.tokenizer.decode(tokens, skip_special_tokens=True),
-                                  "stop" if finished or len(tokens) < sampling.max_tokens else "length", len(tokens)))
+                        tokens = tokens[: tokens.index(eos)]
+                    texts.append(
+                        (
+                            str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
+                            "stop" if finished or len(tokens) < sampling.max_tokens else "length",
+                            len(tokens),
+                        )
+                    )
         results = []
         for i, prompt in enumerate(prompts):
-            mine = texts[i * sampling.n:(i + 1) * sampling.n]
+            mine = texts[i * sampling.n : (i + 1) * sampling.n]
             completions = [Completion(text=t, model=name, model_version=version, finish_reason=f) for t, f, _ in mine]
             usage = Usage(len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]), sum(k for *_, k in mine))
             results.append((completions, usage))

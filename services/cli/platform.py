@@ -1,4 +1,7 @@
-"""The ``kernelzero`` command: run the platform, manage keys and the database, inspect state."""
+"""The platform's own commands: run it (``up``), its state (``status``), API keys, the database.
+
+The ``kernelzero`` command is these plus every service's commands, put together in ``kernelzero.cli``
+(the composition root), so this shared layer depends on no service."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import httpx
 import psutil
@@ -18,21 +22,15 @@ from services import auth
 from services.cli.launcher import Launcher, redis_answers, run_state_path
 from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
-from reward_svc.cli import score
-from proposer_svc.cli import proposer_app
-from coder_svc.cli import coder_app, evaluate, generate
-from services.queue.names import COMPILE, GENERATION, PROPOSAL, TRAINING, scoring_queues
+from services.queue.names import GENERATION, PROPOSAL, TRAINING, scoring_queues
 
-app = typer.Typer(help="KernelZero: co-evolving task Proposer and kernel Coder around a sandboxed reward service.", no_args_is_help=True)
+app = typer.Typer(
+    help="KernelZero: co-evolving task Proposer and kernel Coder around a sandboxed reward service.", no_args_is_help=True
+)
 apikey_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
 app.add_typer(apikey_app, name="apikey")
 app.add_typer(db_app, name="db")
-app.command("score")(score)
-app.add_typer(proposer_app, name="proposer")
-app.add_typer(coder_app, name="coder")
-app.command("generate")(generate)
-app.command("eval")(evaluate)
 console = Console()
 
 
@@ -61,7 +59,8 @@ def up(
         launcher.start(env=dict(os.environ))
         launcher.wait_until_ready()
         table = Table(title="KernelZero is up (Ctrl-C stops everything)")
-        table.add_column("service"), table.add_column("url"), table.add_column("docs")
+        for column in ("service", "url", "docs"):
+            table.add_column(column)
         for service in SERVICE_NAMES:
             url = settings.service_url(service)
             table.add_row(service, url, f"{url}/docs")
@@ -78,7 +77,7 @@ def up(
     raise typer.Exit(exit_code)
 
 
-def _ensure_local_key(path) -> None:  # type: ignore[no-untyped-def]
+def _ensure_local_key(path: Path) -> None:
     """First start with auth on: make one key for this machine and keep it where the CLI finds it."""
     if path.exists() and auth.is_valid_key(path.read_text().strip()):
         console.print(f"API key for this machine: {path}")
@@ -104,7 +103,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON object o
         except httpx.HTTPError:
             services[service] = "down"
     queues: dict[str, int | None] = {}
-    queue_names = [PROPOSAL, GENERATION, COMPILE, *scoring_queues(settings.gpu_devices), TRAINING]
+    queue_names = [PROPOSAL, GENERATION, *scoring_queues(settings.gpu_devices), TRAINING]
     if redis_answers(settings.redis_url):
         client = redis.Redis.from_url(settings.redis_url)
         queues = {name: int(client.llen(name)) for name in queue_names}
@@ -114,17 +113,20 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON object o
         print(json.dumps({"processes": processes, "services": services, "queues": queues}))
         return
     table = Table(title="services")
-    table.add_column("service"), table.add_column("url"), table.add_column("state")
+    for column in ("service", "url", "state"):
+        table.add_column(column)
     for service, state_text in services.items():
         table.add_row(service, settings.service_url(service), state_text)
     console.print(table)
     ptable = Table(title="processes")
-    ptable.add_column("name"), ptable.add_column("pid"), ptable.add_column("alive")
+    for column in ("name", "pid", "alive"):
+        ptable.add_column(column)
     for p in processes:
         ptable.add_row(p["name"], str(p["pid"]), "yes" if p["alive"] else "no")
     console.print(ptable)
     qtable = Table(title="queues")
-    qtable.add_column("queue"), qtable.add_column("waiting")
+    qtable.add_column("queue")
+    qtable.add_column("waiting")
     for name, depth in queues.items():
         qtable.add_row(name, "redis down" if depth is None else str(depth))
     console.print(qtable)
@@ -149,8 +151,14 @@ def apikey_list() -> None:
     for column in ("id", "name", "prefix", "admin", "created", "revoked"):
         table.add_column(column)
     for key in auth.list_api_keys():
-        table.add_row(key.id, key.name, key.prefix, "yes" if key.admin else "", str(key.created_at)[:19],
-                      str(key.revoked_at)[:19] if key.revoked_at else "")
+        table.add_row(
+            key.id,
+            key.name,
+            key.prefix,
+            "yes" if key.admin else "",
+            str(key.created_at)[:19],
+            str(key.revoked_at)[:19] if key.revoked_at else "",
+        )
     console.print(table)
 
 

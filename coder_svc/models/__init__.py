@@ -1,1 +1,0 @@
-"""Model backends: chat models (``openai``, ``hf``) behind one interface; see ``base``."""

@@ -1,0 +1,5 @@
+"""``python -m kernelzero``: the ``kernelzero`` command."""
+
+from kernelzero.cli import app
+
+app()

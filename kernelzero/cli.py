@@ -1,0 +1,13 @@
+"""``kernelzero``: the platform's commands (``up``, ``status``, ``apikey``, ``db``) and each service's."""
+
+from __future__ import annotations
+
+import coder_svc
+import proposer_svc
+import reward_svc
+from services.cli.platform import app
+
+for install in (reward_svc.install_cli, proposer_svc.install_cli, coder_svc.install_cli):
+    install(app)
+
+__all__ = ["app"]

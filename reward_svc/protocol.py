@@ -1,0 +1,100 @@
+"""The worker ↔ harness protocol: the job each evaluation child gets on stdin and the result it signs.
+
+One definition both sides import (``evaluate.py`` writes the specs and reads the results, the
+harness in ``harness/`` reads the specs and writes the results, ``verify.py`` judges from them), so a
+key misspelt on either side is a type error. The results are data from a process that ran untrusted
+code: the judge checks what it relies on (``verify.judge``), whatever these types promise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+from services.children.device import DeviceLockDescriptors
+from services.children.ops import Work
+from services.children.timing import Timing
+
+
+class _JobSpec(TypedDict):
+    device: str
+    weight_seeds: list[int]  # two: a candidate that ignores the weights it was given cannot pass
+    trials: int
+    time: bool  # time it on the GPU
+    timing_budget_s: float
+    gpu_lock: NotRequired[DeviceLockDescriptors | None]  # the pool adds it: the descriptors the child holds
+
+
+class ReferenceSpec(_JobSpec):
+    role: Literal["reference"]
+    reference_path: str
+    input_seed: int
+    time_compiled: bool
+    exchange_max_bytes: int
+    atol: float | None
+    rtol: float | None
+    scratch_min_free_bytes: int
+
+
+class CandidateSpec(_JobSpec):
+    role: Literal["candidate"]
+    candidate_path: str
+    backend: Literal["cuda", "triton"]
+    exchange_dir: str  # its inbox: the group's inputs, read-only
+    compile_cache: str  # its build dir, or its source's published build (read-only)
+    compile_cache_readonly: bool
+    fingerprint_key: int  # the judge's check that each output file is what its trial returned
+    outputs_in_flight: int
+    copies_are_work: bool  # the reference has an op that acts as a copy on case 0: the knockout poisons copies too
+
+
+class ReferenceResult(TypedDict, total=False):
+    status: Literal["ok", "invalid_reference", "out_of_memory", "no_room", "runtime_error"]
+    reason: str
+    cases: int  # correctness cases written (fewer than asked where their files would pass the exchange budget)
+    output_bytes: int
+    input_bytes: int
+    files_bytes: int
+    rounding_noise: list[list[float] | None]  # per case: the judge holds each trial to its own case's noise
+    weight_seeds: list[int]
+    compute_ops: dict[str, dict[str, int]]
+    copying_ops: list[str]
+    work_per_case: list[Work]
+    distributions: list[str]  # per case: the hidden distribution its inputs were drawn from
+    outputs: list[dict[str, Any]]
+    phases: dict[str, float]
+    timing: Timing
+    timing_compiled: Timing
+    memory_retries: int
+
+
+class Observations(TypedDict, total=False):
+    """What the candidate's harness recorded (``harness/candidate.py``), for the judge's dynamic guards."""
+
+    launches_per_case: list[int]
+    work_per_case: list[Work]
+    compute_ops: dict[str, dict[str, int]]
+    launches: dict[str, int]
+    failed_launches: dict[str, int]
+    forged_launches: list[str]
+    native_policy: list[str]
+    replaced_functions: list[str]
+    precision_changes: list[str]
+    pytorch_output: str | None
+    pytorch_output_kind: str | None
+    knockout_copies: int
+    knockout_path: str | None
+    knockout_raised: str
+    knockout_refused: str
+    kernel_share: float
+
+
+class CandidateResult(TypedDict, total=False):
+    status: Literal["ok", "rejected", "runtime_error", "compile_error", "unverified", "timeout"]
+    guard: str  # one of services.schemas.reward.Guard: checked by the judge, never trusted
+    reason: str
+    traceback: str
+    out_of_memory: bool
+    observations: Observations
+    phases: dict[str, float]
+    output_fingerprints: dict[str, list[int]]
+    timing: Timing

@@ -1,0 +1,57 @@
+"""The interface every chat model backend offers (``openai``: any OpenAI-compatible endpoint such as
+vLLM; ``hf``: a local Hugging Face model), and what it returns. The Coder writes kernels with one,
+the Proposer's LLM composer writes modules with one, the trainer samples from one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Message = dict[str, str]
+
+
+class Sampling(BaseModel):
+    """How to sample: ``n`` replies per conversation. In a request, a field left out takes the
+    service's default (``KZ_CODER_TEMPERATURE`` and friends: ``coder_svc.service.sampling_for``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n: int = Field(1, ge=0, le=64)
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(4096, ge=16, le=65536)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled reply, with the served model that wrote it."""
+
+    text: str
+    model: str
+    model_version: str | None = None
+    finish_reason: str | None = None
+
+
+class ChatModel(Protocol):
+    backend: str
+
+    def complete(self, messages: list[Message], sampling: Sampling) -> list[Completion]:
+        """``sampling.n`` replies to one conversation."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What is being served: model name, version, adapter."""
+        ...
+
+
+class SwitchableChatModel(ChatModel, Protocol):
+    """Both LLM backends can change what they serve at runtime (POST /v1/admin/model)."""
+
+    def load_adapter(self, name: str, path: str) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def use_model(self, name: str) -> None: ...
