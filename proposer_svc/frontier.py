@@ -2,7 +2,7 @@
 frontier reward, and which tasks the next round should train on.
 
 A task's pass rate is ``correct / scored`` over every persisted verdict (scores -> candidates ->
-tasks). The reward (DESIGN.md §1) peaks where the Coder solves a task about half the time:
+tasks). The reward (docs/PROPOSER.md) peaks where the Coder solves a task about half the time:
 ``linear`` is ``1 - |2p - 1|``, ``gaussian`` is ``exp(-(p - 0.5)^2 / (2 width^2))``.
 """
 

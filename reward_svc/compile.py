@@ -1,7 +1,7 @@
 """A fast, content-addressed drop-in for ``torch.utils.cpp_extension.load_inline``.
 
 KernelBench CUDA candidates call ``load_inline`` at import time. Stock ``load_inline`` spends
-almost all of its ~50 s parsing torch headers: the candidate's ``#include <torch/extension.h>``
+almost all of its time parsing torch headers: the candidate's ``#include <torch/extension.h>``
 pulls the whole C++ frontend (nn, optim, data, pybind) into a ``.cu`` that nvcc parses three
 times over (cudafe++, cicc, then the host compiler), and its ninja build lives in a per-name
 directory that is neither shared across processes nor keyed on content.
@@ -35,15 +35,12 @@ This module is imported inside the sandboxed child, before the candidate, and
   stand-in module whose functions raise ``RuntimeError('compiled only: no GPU here')``.
 
 nvcc (13.0) has no precompiled headers, and its phases for one ``.cu`` run strictly in sequence
-(cicc needs the module id that cudafe++ writes last), so the header diet is the lever. Measured
-on a 2-core machine (``benchmarks/compile_strategies.py``), the KernelBench elementwise-add
-``cuda.cu`` under ``nvcc -c``: original 55-80 s, light 23-32 s, minimal 11-12 s; ``main.cpp``:
-14-22 s, 9-17 s, 6-7 s. A GCC precompiled header would cut the light ``main.cpp`` to 3.5 s but
-costs a 500 MiB ``.gch`` and ~20 s to build per flag set, and ``main.cpp`` already finishes
-before ``cuda.cu``; torch's own ``use_pch`` writes into site-packages, read-only in the sandbox.
-On the H200 machine (16 cores, torch 2.11) a cold ``load_inline`` of a one-kernel source through
-this module took 17.4-17.7 s against ~51 s stock, a hit 0.03 s
-(``benchmarks/results/reward_gpu_h200_run{1,2}.json``).
+(cicc needs the module id that cudafe++ writes last), so the header diet is the lever: what each
+tier costs is measured by ``benchmarks/compile_strategies.py`` (``benchmarks/results/
+compile_strategies_cpu.json``), cold and cached builds on a GPU host by ``benchmarks/reward_gpu.py``
+(``benchmarks/results/reward_gpu_h200_*.json``). A GCC precompiled header would shorten the light
+``main.cpp`` but costs a large ``.gch`` built per flag set, and ``main.cpp`` already finishes before
+``cuda.cu``; torch's own ``use_pch`` writes into site-packages, read-only in the sandbox.
 """
 
 from __future__ import annotations

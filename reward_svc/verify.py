@@ -110,8 +110,8 @@ Judged = tuple[list[int] | None, Comparison | EarlyVerdict]  # (fingerprint of t
 
 class FileComparer:
     """Compares an output file with its expected file where the judge runs. Files the child can no
-    longer touch are memory-mapped: in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in ten times faster than
-    ``torch.load`` copies it (0.1-0.2 s against 2 s on the 2-core CI machine); on a GPU only the copy
+    longer touch are memory-mapped (in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in
+    far faster than ``torch.load`` copies it); on a GPU only the copy
     to the device and the arithmetic hold ``lock``, and only for outputs above
     ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
     stays mapped (the refresh and knockout trials compare against case 0 again), beside the latest

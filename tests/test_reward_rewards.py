@@ -1,4 +1,4 @@
-"""CA-GRPO on hand-computed groups (DESIGN.md §1)."""
+"""CA-GRPO on hand-computed groups (docs/REWARD.md, "Rewards")."""
 
 from __future__ import annotations
 

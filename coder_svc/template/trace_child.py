@@ -163,7 +163,7 @@ def trace(source: str) -> dict[str, Any]:
 
 def _warm_up(device: str) -> None:
     import torch.fx  # noqa: F401  (the import is most of a child's start-up: paid before the job arrives)
-    from torch.fx.passes.shape_prop import ShapeProp  # noqa: F401
+    from torch.fx.passes.shape_prop import ShapeProp  # noqa: F401  (the same)
 
 
 def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:

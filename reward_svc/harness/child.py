@@ -17,7 +17,7 @@ def _warm_up(device: str) -> None:
     import torch._dynamo  # noqa: F401  (it rewraps torch.manual_seed on first import: let that happen before the integrity snapshot)
 
     try:
-        import triton  # noqa: F401  (compiles nothing yet; importing costs ~0.5 s we'd rather pay early)
+        import triton  # noqa: F401  (compiles nothing yet; its import is paid before the job arrives)
     except ImportError:
         pass
     if device == "cuda":

@@ -21,7 +21,7 @@ class Sampling(BaseModel):
     n: int = Field(1, ge=0, le=64)
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(0.95, gt=0, le=1)
-    max_tokens: int = Field(4096, ge=16, le=65536)
+    max_tokens: int = Field(4096, ge=1, le=65536)
     seed: int | None = Field(None, ge=0, lt=2**63)
 
 
