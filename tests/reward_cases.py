@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.schemas.reward import Guard, VerdictStatus
+
 KERNELS = Path(__file__).parent / "kernels"
 RELU_REFERENCE = (KERNELS / "relu" / "reference.py").read_text()
 
@@ -34,7 +36,8 @@ def candidate(forward: str, extra: str = "") -> str:
 
 CORRECT = candidate("return launch_relu(x, torch.empty_like(x))")
 
-HACKS: dict[str, tuple[str, str | tuple[str, ...]]] = {
+Expected = Guard | VerdictStatus
+HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
     # name: (candidate source, the guard or status that must fire, or a tuple of acceptable ones)
     "decoy_scratch_kernel": (candidate("launch_relu(x, torch.empty_like(x))\nreturn torch.clamp(x, min=0)"), "decoy_kernel"),
     # The kernel's output folded in with weight zero: formally used, numerically irrelevant.

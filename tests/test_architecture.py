@@ -104,3 +104,15 @@ def test_the_walk_finds_what_it_forbids(tmp_path: Path) -> None:
     found = [(module, name) for _, _, module, name in imports("reward_svc", tmp_path)]
     assert found == [("coder_svc.prompts", None), ("proposer_svc", "not_on_the_face")]
     assert face("proposer_svc", tmp_path) == {"propose"}
+
+
+def test_every_guard_is_in_the_catalogue_page() -> None:
+    """The guard names are one Literal (services.schemas.reward.Guard): the verdicts, the policy, the
+    harness and the tests' hack catalogue use it, and docs/REWARD.md describes each one."""
+    from typing import get_args
+
+    from services.schemas.reward import Guard
+
+    page = (ROOT / "docs" / "REWARD.md").read_text()
+    missing = [guard for guard in get_args(Guard) if f"`{guard}`" not in page]
+    assert not missing, missing

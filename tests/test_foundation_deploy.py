@@ -66,7 +66,7 @@ def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
         queues = worker_queues(services[f"{service}-worker"]["command"], service)
         assert queues == service_queues(service, []), service
     gpu = services["reward-gpu-worker"]
-    assert worker_queues(gpu["command"], "reward") == service_queues("reward", [0])[1:]
+    assert worker_queues(gpu["command"], "reward") == service_queues("reward", [0])
     # one process per GPU; its groups run in threads sharing the warm children (timing stays exclusive)
     assert option(gpu["command"], "--pool") == "threads"
     assert option(gpu["command"], "-c") == "${KZ_REWARD_GPU_CONCURRENCY:-4}"

@@ -100,9 +100,9 @@ class LaunchCounter:
             self.copies += len(changed) - len(written)
             kept = [(t, old) for t, old in zip(inputs, before) if tensors.same_bits(t, old)]
             if kept:
-                # the second launch may write into the tensors the first one changed (a copy's destination,
-                # from its poisoned source): they get back what the first launch left in them
-                first = [(t, t.clone()) for t in changed]
+                # the second launch writes into a copy's destination again, from its now poisoned source: the copies
+                # the knockout leaves alone get back what the first launch left in them (the rest is poisoned anyway)
+                first = [(t, t.clone()) for t in changed if not any(t is w for w in written)]
                 for t, _ in kept:
                     tensors.poison_(t)
                 poisoned = [t.clone() for t, _ in kept]
