@@ -637,6 +637,10 @@ def _compare_tensor(
     if out.numel() == 0:
         return True, "", 0.0, 0, 0
     atol, rtol = tolerance.for_dtype(ref.dtype)
+    # Where the reference measured its own rounding noise (its output looks constant at the tolerance: a
+    # centred sum is zero up to rounding), a correct kernel that rounds otherwise differs from it by about
+    # that much, more than atol on wide inputs; the structure check below is what tells right from wrong there.
+    atol += NOISE_SPREAD * noise
     # Half types are compared in float32, the rest in their own type; a slice at a time, so the
     # comparison needs little memory beside the two outputs (a level-1 output is 6.4 GB).
     compute = torch.promote_types(ref.dtype, torch.float32)
