@@ -15,10 +15,19 @@ if TYPE_CHECKING:
     from reward_svc.cli import install_cli
     from reward_svc.evaluate import Evaluation, Evaluator
     from reward_svc.policy import check_source, check_tree
-    from reward_svc.rewards import group_rewards
+    from reward_svc.rewards import group_advantages, group_rewards
     from reward_svc.service import score_group
 
-__all__ = ["Evaluation", "Evaluator", "check_source", "check_tree", "group_rewards", "install_cli", "score_group"]
+__all__ = [
+    "Evaluation",
+    "Evaluator",
+    "check_source",
+    "check_tree",
+    "group_advantages",
+    "group_rewards",
+    "install_cli",
+    "score_group",
+]
 __getattr__ = lazy_face(
     __name__,
     {
@@ -26,6 +35,7 @@ __getattr__ = lazy_face(
         "Evaluator": "reward_svc.evaluate",
         "check_source": "reward_svc.policy",
         "check_tree": "reward_svc.policy",
+        "group_advantages": "reward_svc.rewards",
         "group_rewards": "reward_svc.rewards",
         "install_cli": "reward_svc.cli",
         "score_group": "reward_svc.service",

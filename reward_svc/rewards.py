@@ -29,6 +29,9 @@ def speed_scores(correct: list[bool], speedups: list[float | None], config: CAGR
         for i, speedup in measured.items():
             clipped = max(-config.log_clip, min(config.log_clip, math.log(speedup)))
             scores[i] = clipped / config.log_clip
+    elif config.speed_score == "speedup":  # the source's S_i
+        for i, speedup in measured.items():
+            scores[i] = speedup if config.speedup_cap is None else min(speedup, config.speedup_cap)
     else:  # rank: fastest correct 1, slowest 0, evenly spaced between
         ordered = sorted(measured, key=measured.__getitem__, reverse=True)
         for rank, i in enumerate(ordered):
@@ -41,10 +44,16 @@ def group_rewards(correct: list[bool], speedups: list[float | None], config: CAG
     if not correct:
         return GroupRewards([], [], 0.0, False)
     rho = sum(correct) / len(correct)
-    speed_on = rho >= config.threshold
+    speed_on = {"threshold": rho >= config.threshold, "never": False, "always": True}[config.speed_reward]
     scores = speed_scores(correct, speedups, config) if speed_on else [0.0] * len(correct)
     rewards = [float(c) + config.speed_weight * s for c, s in zip(correct, scores)]
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards)
-    advantages = [(r - mean) / (std + config.eps) for r in rewards]
-    return GroupRewards(rewards, advantages, rho, speed_on)
+    return GroupRewards(rewards, group_advantages(rewards, config.eps), rho, speed_on)
+
+
+def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """GRPO's advantages within one group: ``(r - mean) / (std + eps)`` (the population deviation).
+    The one place they are computed: the reward service reports them, the trainer trains on them."""
+    if not rewards:
+        return []
+    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]

@@ -42,6 +42,7 @@ def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Setting
         "candidates",
         "scores",
         "rollouts",
+        "rollout_groups",
         "model_versions",
         "api_corpora",
         "api_usage",

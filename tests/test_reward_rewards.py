@@ -51,3 +51,26 @@ def test_threshold_is_configurable() -> None:
     assert never.rewards == [1.0, 1.0, 0.0]
     always = group_rewards([True, False, False, False], [2.0, None, None, None], CAGRPOConfig(threshold=0.0, speed_weight=1.0))
     assert always.rewards == pytest.approx([1 + math.log(2.0), 0, 0, 0])
+
+
+def test_the_sources_reward_and_its_ablations() -> None:
+    """``r_i = 1 + T·β·S_i`` with S_i the speedup (capped where asked), T from the threshold on; the
+    source's ablations: speed never rewarded, or rewarded from the start."""
+    paper = CAGRPOConfig(speed_score="speedup", speed_weight=0.1, speedup_cap=3.0)
+    group = ([True, True, False, False], [2.0, 5.0, None, None])  # half correct: at the threshold
+    assert group_rewards(*group, paper).rewards == pytest.approx([1.2, 1.3, 0.0, 0.0])  # 5x capped at 3
+    below = ([True, False, False, False], [2.0, None, None, None])
+    assert group_rewards(*below, paper).rewards == [1.0, 0.0, 0.0, 0.0]
+    always = paper.model_copy(update={"speed_reward": "always"})
+    assert group_rewards(*below, always).rewards == pytest.approx([1.2, 0.0, 0.0, 0.0])
+    never = paper.model_copy(update={"speed_reward": "never"})
+    assert group_rewards(*group, never).rewards == [1.0, 1.0, 0.0, 0.0] and not group_rewards(*group, never).speed_rewarded
+    uncapped = paper.model_copy(update={"speedup_cap": None})
+    assert group_rewards(*group, uncapped).rewards == pytest.approx([1.2, 1.5, 0.0, 0.0])
+
+
+def test_ties_in_speed_and_all_alike_groups_give_no_advantage() -> None:
+    tie = group_rewards([True, True], [2.0, 2.0], CAGRPOConfig(speed_score="speedup", speed_weight=0.1))
+    assert tie.rewards == pytest.approx([1.2, 1.2]) and tie.advantages == [0.0, 0.0]
+    assert group_rewards([False, False, False], [None, None, None]).advantages == [0.0, 0.0, 0.0]
+    assert group_rewards([True] * 3, [None] * 3).advantages == [0.0, 0.0, 0.0]

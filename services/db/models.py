@@ -133,21 +133,41 @@ class Score(Base):
     candidate: Mapped[Candidate] = relationship(back_populates="scores")
 
 
+class RolloutGroup(Base):
+    """The samples of one prompt, scored together: what the trainer claims (whole, once) and trains on."""
+
+    __tablename__ = "rollout_groups"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
+    role: Mapped[str] = mapped_column(String(20))  # coder | proposer
+    task_id: Mapped[str | None] = mapped_column(ForeignKey("tasks.id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)  # the job that sampled it
+    model_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))
+    size: Mapped[int] = mapped_column(Integer)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), index=True)  # the training run that took it
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    dropped: Mapped[str | None] = mapped_column(String(40))  # why the run left it out: stale, no_signal, unscored
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
 class Rollout(Base):
-    """A scored sample for training: prompt, completion, reward, advantage, who wrote it."""
+    """One sample for training: the exact prompt text, the completion (text, token ids, the sampler's
+    log-probs where the backend gave them), its verdict and reward, who wrote it."""
 
     __tablename__ = "rollouts"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    candidate_id: Mapped[str] = mapped_column(ForeignKey("candidates.id"), index=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), index=True)
-    group_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    candidate_id: Mapped[str | None] = mapped_column(ForeignKey("candidates.id"), index=True)
+    task_id: Mapped[str | None] = mapped_column(ForeignKey("tasks.id"), index=True)
+    group_id: Mapped[str] = mapped_column(ForeignKey("rollout_groups.id"), index=True)
     prompt: Mapped[str] = mapped_column(Text)
     completion: Mapped[str] = mapped_column(Text)
-    reward: Mapped[float] = mapped_column(Float)
+    completion_ids: Mapped[list[Any] | None] = mapped_column(JSON)
+    behaviour_logps: Mapped[list[Any] | None] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20))  # the verdict's status, or "unscored" (the reward service failed)
+    reward: Mapped[float | None] = mapped_column(Float)
     advantage: Mapped[float | None] = mapped_column(Float)
     model_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))
-    consumed: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -39,11 +39,22 @@ GUARDS: frozenset[str] = frozenset(get_args(Guard))
 
 
 class CAGRPOConfig(BaseModel):
-    threshold: float = Field(0.5, ge=0, le=1, description="Group correct fraction from which speed counts.")
-    speed_weight: float = Field(0.5, ge=0, description="λ: weight of the speed score.")
-    speed_score: Literal["log_speedup", "rank"] = "log_speedup"
+    """Correctness-aware group rewards: ``r_i = correct_i + T·speed_weight·S_i``, ``T`` on once the
+    group's correct fraction reaches ``threshold`` (``speed_reward="threshold"``; the source's
+    ablations are ``"never"`` and ``"always"``). The source's own form is ``speed_score="speedup"``
+    (``S_i`` the speedup itself, optionally capped) with ``speed_weight=0.1``."""
+
+    threshold: float = Field(0.5, ge=0, le=1, description="α: group correct fraction from which speed counts.")
+    speed_weight: float = Field(0.5, ge=0, description="β (λ): weight of the speed score.")
+    speed_score: Literal["log_speedup", "rank", "speedup"] = Field(
+        "log_speedup", description="S_i: clipped log-speedup (scaled to ±1), rank among the correct (1 fastest), or the speedup."
+    )
+    speed_reward: Literal["threshold", "never", "always"] = Field(
+        "threshold", description="When speed is rewarded: from the threshold on (CA-GRPO), never, or from the start."
+    )
     log_clip: float = Field(1.0, gt=0, description="log-speedup is clipped to ±this, then divided by it.")
-    eps: float = Field(1e-6, gt=0)
+    speedup_cap: float | None = Field(None, gt=0, description="speed_score='speedup': S_i is capped at this (None: not capped).")
+    eps: float = Field(1e-6, gt=0, description="Added to the group's reward deviation before dividing by it.")
 
 
 class ScoreOptions(BaseModel):

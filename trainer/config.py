@@ -1,0 +1,120 @@
+"""Run configurations: typed, with help text and checks, in the manner of TRL's ``*Config`` classes.
+
+A configuration that cannot work (a group size the reward is not computed over, a model path that is
+not there, a LoRA target that matches no module, a negative staleness) is refused when the run is
+submitted, with the reason (``ConfigError``), never hours into it. These are run settings, not
+deployment settings: they live here, not in ``services.config.Settings``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from services.schemas.reward import CAGRPOConfig
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; the message says why, in one line."""
+
+
+class LoRAConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    r: int = Field(16, ge=1, le=1024, description="Rank of the adapter's matrices.")
+    alpha: int = Field(32, ge=1, description="Scale of the adapter's update (alpha / r multiplies it).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names the adapter wraps (suffixes, as peft matches them), or every linear layer."
+    )
+
+
+class CoderRLConfig(BaseModel):
+    """CA-GRPO for the Coder: group-relative advantages from the reward service's CA-GRPO rewards,
+    DAPO's clipped token-level surrogate, truncated importance sampling against the sampler."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(..., description="Local Hugging Face model directory of the Coder's base model.")
+    lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
+    learning_rate: float = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
+    group_size: int = Field(8, ge=2, le=64, description="G: candidates per task; advantages are relative within a group.")
+    groups_per_step: int = Field(4, ge=1, description="Groups (tasks) per optimizer step.")
+    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass (gradients accumulate over a step).")
+    epsilon_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio (1 - ε_low).")
+    epsilon_high: float = Field(0.28, gt=0, description="Upper clip (1 + ε_high); DAPO's clip-higher: 0.28.")
+    importance_cap: float | None = Field(
+        3.0, gt=1, description="Truncation of the importance weight against the sampler's log-probs."
+    )
+    beta: float = Field(0.0, ge=0, description="Weight of the KL to the reference (initial) model; 0 turns it off.")
+    temperature: float = Field(
+        1.0, gt=0, description="The sampling temperature: logits are divided by it, as the sampler's were."
+    )
+    max_staleness: int = Field(2, description="K: groups generated more than K model versions ago are dropped.")
+    max_prompt_tokens: int = Field(4096, ge=1)
+    max_completion_tokens: int = Field(4096, ge=1)
+    reward: CAGRPOConfig = Field(CAGRPOConfig(), description="How the reward service turns verdicts into rewards.")
+    bf16: bool | None = Field(None, description="bf16 autocast; None: on where a GPU is.")
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CoderRLConfig:
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness (K) must be 0 or more, not {self.max_staleness}")
+        if self.epsilon_high < self.epsilon_low * 0.5:
+            raise ValueError("epsilon_high below half of epsilon_low clips the side advantages push almost shut")
+        return self
+
+    def check(self, group_size_served: int | None = None) -> None:
+        """What needs the file system or the model: refused now with the reason, not hours later."""
+        check_model(self.model_path, self.lora)
+        if group_size_served is not None and group_size_served != self.group_size:
+            raise ConfigError(f"group_size {self.group_size} does not match the groups being scored ({group_size_served})")
+
+
+def check_model(path: Path, lora: LoRAConfig | None) -> None:
+    """The model directory exists and holds a config, and a LoRA target names modules it has."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model_path {path} is not a Hugging Face model directory (no config.json)")
+    if lora is None or lora.target_modules == "all-linear":
+        return
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights():  # the module names only: no memory for the weights
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [target for target in lora.target_modules if target not in names]
+    if missing:
+        raise ConfigError(f"LoRA target_modules {missing} match no module of {path.name} (it has e.g. {sorted(names)[:8]})")
+
+
+def load_config(path: Path | None, overrides: dict[str, object]) -> CoderRLConfig:
+    """A run configuration from a YAML or JSON file (or none) and command-line overrides; ``ConfigError``
+    with every problem on one line."""
+    data: dict[str, object] = {}
+    if path is not None:
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            loaded = yaml.safe_load(text) or {}
+        else:
+            loaded = json.loads(text)
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path} holds a {type(loaded).__name__}, not a mapping of settings")
+        data.update(loaded)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return CoderRLConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(problems) from None

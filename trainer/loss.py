@@ -1,0 +1,86 @@
+"""The Coder's policy loss: CA-GRPO's group-relative advantages under DAPO's clipped, token-level
+surrogate, with truncated importance sampling against the sampler's own log-probabilities.
+
+Written here rather than taken from TRL because TRL's ``GRPOTrainer`` owns the sampling loop, and our
+rollouts arrive already sampled and scored (from the Coder's and the reward service's queues). The
+arithmetic is TRL's ``loss_type="dapo"``; ``tests/test_trainer_loss.py`` holds the two equal on the
+same batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The loss of one micro-batch, already divided by the step's token count, and what it did."""
+
+    loss: torch.Tensor
+    clip_fraction: float  # share of the tokens whose ratio the clip held
+    kl: float | None  # mean per-token KL to the reference model, where one is used
+    importance_weight: float | None  # mean truncated importance weight, where behaviour log-probs were given
+
+
+def completion_logps(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-token log-probabilities (B, T) of the completions under ``model``, its logits divided by the
+    sampling temperature (the distribution the completions were drawn from)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    width = completion_ids.size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logits = logits[:, :-1, :][:, -width:, :] / temperature  # position t predicts token t + 1
+    return torch.gather(logits.log_softmax(dim=-1), 2, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def policy_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    step_tokens: float,
+    behaviour_logps: torch.Tensor | None = None,
+    importance_cap: float | None = None,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> PolicyLoss:
+    """``-min(r·A, clip(r, 1-ε_low, 1+ε_high)·A)`` per completion token, ``r`` the ratio to the policy
+    the rollouts were scored under (``old_logps``), summed and divided by ``step_tokens`` (the
+    completion tokens of the whole optimizer step: DAPO's token-level normalisation, so a long
+    completion weighs by its tokens and accumulation changes nothing). With ``behaviour_logps`` (what
+    the sampler, vLLM say, reported) each token is weighted by ``exp(old - behaviour)``, truncated at
+    ``importance_cap``; with ``beta`` a k3 KL to ``ref_logps`` is added per token."""
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    importance_weight = None
+    if behaviour_logps is not None:
+        weight = torch.exp(old_logps - behaviour_logps)
+        weight = torch.clamp(weight, max=importance_cap) if importance_cap is not None else weight
+        per_token = per_token * weight
+        importance_weight = float((weight * mask).sum() / mask.sum().clamp(min=1))
+    kl = None
+    if beta:
+        if ref_logps is None:
+            raise ValueError("a KL term (beta > 0) needs the reference model's log-probabilities")
+        per_token_kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        per_token = per_token + beta * per_token_kl
+        kl = float((per_token_kl * mask).sum() / mask.sum().clamp(min=1))
+    loss = (per_token * mask).sum() / max(step_tokens, 1.0)
+    held = ((ratio < 1 - epsilon_low) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
+    clip_fraction = float((held.float() * mask).sum() / mask.sum().clamp(min=1))
+    return PolicyLoss(loss, clip_fraction, kl, importance_weight)
