@@ -44,8 +44,15 @@ def fixed_batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
 def ours(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     logps = completion_logps(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
     mask = batch["completion_mask"]
-    return policy_loss(logps, batch["old_per_token_logps"], batch["advantages"], mask, epsilon_low=EPSILON_LOW,
-                       epsilon_high=EPSILON_HIGH, step_tokens=float(mask.sum())).loss
+    return policy_loss(
+        logps,
+        batch["old_per_token_logps"],
+        batch["advantages"],
+        mask,
+        epsilon_low=EPSILON_LOW,
+        epsilon_high=EPSILON_HIGH,
+        step_tokens=float(mask.sum()),
+    ).loss
 
 
 def test_the_loss_and_its_gradients_are_trls_dapo_loss(tiny: Path, tmp_path: Path) -> None:
@@ -54,15 +61,33 @@ def test_the_loss_and_its_gradients_are_trls_dapo_loss(tiny: Path, tmp_path: Pat
     model = AutoModelForCausalLM.from_pretrained(tiny)
     batch = fixed_batch(model.config.vocab_size)
     with torch.no_grad():
-        current = completion_logps(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
+        current = completion_logps(
+            model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"]
+        )
     batch["old_per_token_logps"] = current + batch.pop("old_noise")
 
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), loss_type="dapo", beta=0.0, epsilon=EPSILON_LOW, epsilon_high=EPSILON_HIGH,
-                      per_device_train_batch_size=4, num_generations=4, max_completion_length=9, temperature=1.0,
-                      steps_per_generation=1, bf16=False,  # fp32 throughout: TRL's CPU default autocasts its LM head to bf16
-                      report_to="none", use_cpu=True, logging_steps=1)
-    trl = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
-                      train_dataset=Dataset.from_dict({"prompt": ["x"] * 4}))
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=EPSILON_LOW,
+        epsilon_high=EPSILON_HIGH,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=9,
+        temperature=1.0,
+        steps_per_generation=1,
+        bf16=False,  # fp32 throughout: TRL's CPU default autocasts its LM head to bf16
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+    )
+    trl = GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["x"] * 4}),
+    )
     model.train()  # no dropout in the tiny model: train mode is TRL's mode and changes nothing else
     trl.current_gradient_accumulation_steps = 1  # what its training loop sets: one micro-batch per optimizer step
     inputs = {**batch, "num_items_in_batch": batch["completion_mask"].sum()}
@@ -102,14 +127,32 @@ def test_importance_weights_are_truncated_and_the_kl_term_needs_its_reference() 
     old = torch.zeros(1, 3)
     behaviour = torch.log(torch.tensor([[1.0, 0.1, 0.5]]))  # the sampler thought two tokens far less likely
     mask = torch.ones(1, 3)
-    weighted = policy_loss(logps, old, torch.tensor([1.0]), mask, epsilon_low=0.2, epsilon_high=0.2, step_tokens=3,
-                           behaviour_logps=behaviour, importance_cap=3.0)
+    weighted = policy_loss(
+        logps,
+        old,
+        torch.tensor([1.0]),
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        step_tokens=3,
+        behaviour_logps=behaviour,
+        importance_cap=3.0,
+    )
     assert weighted.importance_weight == pytest.approx((1 + 3 + 2) / 3)  # exp(0 - log 0.1) = 10, truncated at 3
     assert float(weighted.loss) == pytest.approx(-(1 + 3 + 2) / 3)
     with pytest.raises(ValueError, match="reference"):
         policy_loss(logps, old, torch.tensor([1.0]), mask, epsilon_low=0.2, epsilon_high=0.2, step_tokens=3, beta=0.1)
-    kl = policy_loss(logps, old, torch.tensor([0.0]), mask, epsilon_low=0.2, epsilon_high=0.2, step_tokens=3, beta=0.5,
-                     ref_logps=torch.log(torch.tensor([[0.5, 1.0, 1.0]])))
+    kl = policy_loss(
+        logps,
+        old,
+        torch.tensor([0.0]),
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        step_tokens=3,
+        beta=0.5,
+        ref_logps=torch.log(torch.tensor([[0.5, 1.0, 1.0]])),
+    )
     expected = (0.5 - torch.log(torch.tensor(0.5)) - 1) / 3  # k3 on the first token, 0 on the others
     assert kl.kl == pytest.approx(float(expected))
     assert float(kl.loss) == pytest.approx(0.5 * float(expected))
