@@ -1,0 +1,64 @@
+"""CA-GRPO learns: a tiny model on a task whose reward it can raise (write tokens from a set that starts
+at about an eighth of what it samples) raises its mean reward over a few CPU steps, sampling from the
+policy being trained, as the loop will. A wrong sign or normalisation of the loss fails it."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from reward_svc import group_advantages
+from tiny_lm import build_tiny_lm
+from trainer.coder_rl import CoderTrainer
+from trainer.config import CoderRLConfig
+from trainer.rollouts import ClaimedGroup, ClaimedSample
+
+PROMPTS = ["<|user|>\nwrite a kernel<|end|>\n<|assistant|>\n", "<|user|>\nfuse two ops<|end|>\n<|assistant|>\n"]
+GROUP, LENGTH, STEPS = 8, 6, 14
+TARGET = range(10, 60)  # token ids the reward pays for
+
+
+def sample_groups(trainer: CoderTrainer, generator: torch.Generator) -> list[ClaimedGroup]:
+    model = trainer.accelerator.unwrap_model(trainer.model).eval()
+    groups = []
+    for prompt in PROMPTS:
+        prompt_ids = trainer.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = prompt_ids.repeat(GROUP, 1)
+        with torch.no_grad():
+            for _ in range(LENGTH):  # plain ancestral sampling at temperature 1: the distribution the loss assumes
+                logits = model(input_ids=ids).logits[:, -1, :]
+                ids = torch.cat([ids, torch.multinomial(logits.softmax(-1), 1, generator=generator)], dim=1)
+        completions = ids[:, prompt_ids.shape[1] :].tolist()
+        rewards = [sum(t in TARGET for t in c) / LENGTH for c in completions]
+        samples = [ClaimedSample(prompt, "", c, None, r, a) for c, r, a in zip(completions, rewards, group_advantages(rewards))]
+        groups.append(ClaimedGroup(id=prompt, model_version_id=None, samples=samples))
+    return groups
+
+
+@pytest.mark.slow
+def test_the_mean_reward_rises_over_a_few_steps(tmp_path: Path) -> None:
+    model = build_tiny_lm(tmp_path / "tiny")
+    config = CoderRLConfig(
+        model_path=model,
+        lora=None,
+        learning_rate=2e-2,
+        group_size=GROUP,
+        groups_per_step=len(PROMPTS),
+        micro_batch_size=8,
+        bf16=False,
+        seed=0,
+    )
+    trainer = CoderTrainer(config, total_steps=STEPS)
+    generator = torch.Generator().manual_seed(0)
+    means = []
+    for _ in range(STEPS):
+        groups = sample_groups(trainer, generator)
+        report = trainer.step(groups)
+        means.append(report.reward_mean)
+        assert report.tokens == len(PROMPTS) * GROUP * LENGTH and report.samples == len(PROMPTS) * GROUP
+    early, late = statistics.fmean(means[:3]), statistics.fmean(means[-3:])
+    assert late > early + 0.25, means
+    assert trainer.save(tmp_path / "out").joinpath("config.json").is_file()

@@ -1,0 +1,203 @@
+"""One CA-GRPO optimizer step for the Coder on claimed rollout groups, through accelerate (one process,
+DDP, FSDP or DeepSpeed, as its config says) on a Hugging Face causal LM, LoRA through peft or every
+weight.
+
+The rollouts were sampled elsewhere (the Coder's queue, vLLM) and scored by the reward service; this
+step re-tokenises nothing it was given as ids, computes the policy's log-probabilities before the
+update (``old``: the ratio's denominator) and during it, and weighs each token by the truncated
+ratio to the sampler's own log-probabilities where the sampler reported them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import CoderRLConfig
+from trainer.loss import completion_logps, policy_loss
+from trainer.rollouts import ClaimedGroup, ClaimedSample
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one optimizer step did, for the run's records and curves."""
+
+    loss: float
+    clip_fraction: float
+    importance_weight: float | None
+    kl: float | None
+    grad_norm: float
+    learning_rate: float
+    reward_mean: float
+    reward_std: float
+    groups: int
+    samples: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behaviour_logps: list[float] | None
+    advantage: float
+
+
+class CoderTrainer:
+    """The policy being trained, its optimizer and schedule; ``step`` applies one CA-GRPO update."""
+
+    def __init__(self, config: CoderRLConfig, accelerator: Any | None = None, *, total_steps: int = 1000) -> None:
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
+
+        self.config = config
+        torch.manual_seed(config.seed)
+        bf16 = config.bf16 if config.bf16 is not None else torch.cuda.is_available()
+        self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16 else "no")
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        model = AutoModelForCausalLM.from_pretrained(config.model_path)
+        if config.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            lora = config.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+        scheduler = get_scheduler(
+            config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
+        )
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.reference: Any = None
+        if config.beta:
+            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path).eval().requires_grad_(False)
+            self.reference = self.accelerator.prepare_model(self.reference, evaluation_mode=True)
+
+    # -- inputs
+    def _sequence(self, sample: ClaimedSample) -> _Sequence:
+        prompt_ids = self.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"][-self.config.max_prompt_tokens :]
+        completion_ids = sample.completion_ids or self.tokenizer(sample.completion, add_special_tokens=False)["input_ids"]
+        behaviour = sample.behaviour_logps if sample.completion_ids and sample.behaviour_logps else None
+        completion_ids = completion_ids[: self.config.max_completion_tokens]
+        if behaviour is not None:
+            behaviour = behaviour[: len(completion_ids)] if len(behaviour) >= len(completion_ids) else None
+        return _Sequence(list(prompt_ids), list(completion_ids), behaviour, sample.advantage)
+
+    def _batch(self, sequences: list[_Sequence]) -> dict[str, torch.Tensor]:
+        """Prompts padded on the left, completions on the right, so every completion starts at one column."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        p_len = max(len(s.prompt_ids) for s in sequences)
+        c_len = max(max(len(s.completion_ids) for s in sequences), 1)
+        device = self.accelerator.device
+
+        def rows(values: Sequence[Sequence[float]], width: int, left: bool, fill: float, dtype: torch.dtype) -> torch.Tensor:
+            padded = [([fill] * (width - len(v)) + list(v)) if left else (list(v) + [fill] * (width - len(v))) for v in values]
+            return torch.tensor(padded, dtype=dtype, device=device)
+
+        batch = {
+            "prompt_ids": rows([s.prompt_ids for s in sequences], p_len, True, pad, torch.long),
+            "prompt_mask": rows([[1] * len(s.prompt_ids) for s in sequences], p_len, True, 0, torch.long),
+            "completion_ids": rows([s.completion_ids for s in sequences], c_len, False, pad, torch.long),
+            "completion_mask": rows([[1] * len(s.completion_ids) for s in sequences], c_len, False, 0, torch.long),
+            "advantages": torch.tensor([s.advantage for s in sequences], dtype=torch.float32, device=device),
+        }
+        if all(s.behaviour_logps is not None for s in sequences):
+            batch["behaviour_logps"] = rows([s.behaviour_logps or [] for s in sequences], c_len, False, 0.0, torch.float32)
+        return batch
+
+    def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return completion_logps(
+            model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["completion_ids"],
+            batch["completion_mask"],
+            self.config.temperature,
+        )
+
+    # -- the step
+    def step(self, groups: list[ClaimedGroup]) -> StepReport:
+        started = time.perf_counter()
+        config = self.config
+        samples = [s for g in groups for s in g.samples]
+        sequences = [self._sequence(s) for s in samples]
+        size = config.micro_batch_size
+        batches = [self._batch(sequences[i : i + size]) for i in range(0, len(sequences), size)]
+        tokens = sum(int(b["completion_mask"].sum()) for b in batches)
+        step_tokens = float(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), reduction="sum"))
+        step_tokens /= self.accelerator.num_processes  # each process divides its sum; the gradients' mean restores it
+        self.model.train()
+        with torch.no_grad():
+            for batch in batches:
+                batch["old_logps"] = self._logps(self.model, batch)
+                if self.reference is not None:
+                    batch["ref_logps"] = self._logps(self.reference, batch)
+        loss_total, clip, weights, kls = 0.0, [], [], []
+        for batch in batches:
+            with self.accelerator.autocast():
+                out = policy_loss(
+                    self._logps(self.model, batch),
+                    batch["old_logps"],
+                    batch["advantages"],
+                    batch["completion_mask"],
+                    epsilon_low=config.epsilon_low,
+                    epsilon_high=config.epsilon_high,
+                    step_tokens=step_tokens,
+                    behaviour_logps=batch.get("behaviour_logps"),
+                    importance_cap=config.importance_cap,
+                    ref_logps=batch.get("ref_logps"),
+                    beta=config.beta,
+                )
+            self.accelerator.backward(out.loss)
+            loss_total += float(out.loss)
+            clip.append(out.clip_fraction)
+            if out.importance_weight is not None:
+                weights.append(out.importance_weight)
+            if out.kl is not None:
+                kls.append(out.kl)
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        rewards = [s.reward for s in samples]
+        return StepReport(
+            loss=loss_total,
+            clip_fraction=statistics.fmean(clip) if clip else 0.0,
+            importance_weight=statistics.fmean(weights) if weights else None,
+            kl=statistics.fmean(kls) if kls else None,
+            grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
+            reward_mean=statistics.fmean(rewards) if rewards else 0.0,
+            reward_std=statistics.pstdev(rewards) if rewards else 0.0,
+            groups=len(groups),
+            samples=len(samples),
+            tokens=tokens,
+            seconds=time.perf_counter() - started,
+        )
+
+    def save(self, directory: Path) -> Path:
+        """The adapter (LoRA) or the whole model, with the tokenizer, where serving can load it."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.accelerator.unwrap_model(self.model).save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        return directory
