@@ -67,7 +67,7 @@ class CoderTrainer:
         bf16 = config.bf16 if config.bf16 is not None else torch.cuda.is_available()
         self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16 else "no")
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        model = AutoModelForCausalLM.from_pretrained(config.model_path)
+        model: Any = AutoModelForCausalLM.from_pretrained(config.model_path)
         if config.lora is not None:
             from peft import LoraConfig, get_peft_model
 
