@@ -85,6 +85,7 @@ class Observations(TypedDict, total=False):
     knockout_path: str | None
     knockout_raised: str
     knockout_refused: str
+    knockout_stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead
     kernel_share: float
 
 

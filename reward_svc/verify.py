@@ -35,10 +35,10 @@ NOISE_ULPS = 4
 NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
 # PyTorch "does the reference's work" when, in some call, its compute ops of every family the
 # reference's ops belong to (contraction, reduction, pointwise, data) process at least this share of
-# the elements the reference's ops of that family process; its compute work in a family the reference
-# has none of (a ReLU as a maximum over a stack, a matmul as a broadcast product and a sum) counts
-# toward each of the reference's compute families. The kernels' part is then at most the rest: a
-# quarter, as the kernel share below.
+# the elements the reference's ops of that family process; its compute work beyond the reference's in
+# any family (``_spill``) counts toward each of the reference's compute families. Index bookkeeping (what
+# PyTorch computes from ``arange`` and its kin alone) is no work. The kernels' part is then at most the
+# rest: a quarter, as the kernel share below.
 FALLBACK_WORK_SHARE = 0.75
 COMPUTE_FAMILIES = ("contraction", "reduction", "pointwise")
 # The custom kernels must produce at least this share of the output: the elements the knockout
@@ -448,8 +448,16 @@ def _judge_outputs(
             guard="pytorch_fallback",
             max_abs_error=_finite(max_error),
         )
-    delegated = pytorch_work(observations, ref_result)
+    # An op that refused the knockout's values leaves no measure of the kernels' share: PyTorch's own
+    # work must then show it small, as the knockout would have (a refusal is no way around the share).
+    refused = bool(observations.get("knockout_refused"))
+    delegated = pytorch_work(observations, ref_result, 1 - MIN_KERNEL_SHARE if refused else FALLBACK_WORK_SHARE)
     if delegated:
+        if refused:
+            delegated += (
+                f" (an op refused the knockout's values, {observations['knockout_refused'][:120]}: "
+                "PyTorch's work alone must show the kernels' share)"
+            )
         return Verdict("rejected", delegated, guard="pytorch_fallback", max_abs_error=_finite(max_error))
 
     cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
@@ -564,26 +572,26 @@ def guard_observations(observations: Observations, ref_result: ReferenceResult) 
     return None
 
 
-def pytorch_work(observations: Observations, ref_result: ReferenceResult) -> str | None:
-    """Why PyTorch, not the custom kernels, did the reference's work in some trial (checked once the
-    outputs were: a decoy gets the knockout's verdict first), or None."""
+def pytorch_work(observations: Observations, ref_result: ReferenceResult, share: float = FALLBACK_WORK_SHARE) -> str | None:
+    """Why PyTorch, not the custom kernels, did the reference's work (at least ``share`` of it) in some
+    trial (checked once the outputs were: a decoy gets the knockout's verdict first), or None."""
     ref_work = ref_result.get("work_per_case") or []
     for case, work in enumerate(observations.get("work_per_case") or []):
         reference = ref_work[case] if case < len(ref_work) else (ref_work[0] if ref_work else None)
-        covered = pytorch_covers_reference(work, reference)
+        covered = pytorch_covers_reference(work, reference, share)
         if covered:
             return (
-                f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {FALLBACK_WORK_SHARE:.0%} "
+                f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {share:.0%} "
                 f"of the reference's {', '.join(covered)} work (synonyms and decompositions count by family, and work of a "
                 "kind the reference does not do counts toward each), so the custom kernels do not compute the answer"
             )
     return None
 
 
-def pytorch_covers_reference(cand: Any, ref: Any) -> list[str]:
+def pytorch_covers_reference(cand: Any, ref: Any, share: float = FALLBACK_WORK_SHARE) -> list[str]:
     """The families of the reference's compute work if the candidate's PyTorch ops of every one of them
-    (with its compute work of families foreign to the reference) do at least ``FALLBACK_WORK_SHARE`` of
-    that family's work in the reference; else empty."""
+    (with what of its other work can stand for that family's, ``_spill``) do at least
+    ``share`` of that family's work in the reference; else empty."""
     ref_families = (ref or {}).get("families") if isinstance(ref, dict) else None
     cand_families = cand.get("families") if isinstance(cand, dict) else None
     if not isinstance(ref_families, dict) or not isinstance(cand_families, dict):
@@ -592,12 +600,28 @@ def pytorch_covers_reference(cand: Any, ref: Any) -> list[str]:
     if not families:
         return []
     work = {family: done for family, done in cand_families.items() if isinstance(done, (int, float))}
-    foreign = sum(done for family, done in work.items() if family in COMPUTE_FAMILIES and family not in families)
+    combining = cand.get("combining")
+    spill = sum(_spill(family, done, ref_families.get(family, 0), combining) for family, done in work.items())
     for family in families:
-        done = work.get(family, 0) + (foreign if family in COMPUTE_FAMILIES else 0)
-        if done < FALLBACK_WORK_SHARE * ref_families[family]:
+        own = min(work.get(family, 0), ref_families[family])
+        done = own + (spill if family in COMPUTE_FAMILIES else 0)
+        if done < share * ref_families[family]:
             return []
     return families
+
+
+def _spill(family: str, done: float, reference_done: float, combining: Any) -> float:
+    """What of a candidate's work in one family can stand for another family's: its compute work beyond
+    what the reference does in that family (all of it, in a family the reference has none of), a
+    matmul as matmuls over four terms each, a ReLU as a maximum over a stack; of pointwise work only
+    what folded values together (a softmax's sums as a tree of additions; a negation of the input
+    folds nothing)."""
+    if family not in COMPUTE_FAMILIES:
+        return 0.0
+    beyond = max(0.0, done - reference_done)
+    if family == "pointwise":
+        return min(beyond, combining) if isinstance(combining, (int, float)) else beyond
+    return beyond
 
 
 def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float] | None = None) -> Comparison:
@@ -631,9 +655,9 @@ def _compare_tensor(
     out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float
 ) -> tuple[bool, str, float, int, int]:
     """(ok, why not, max abs error, informative values outside tolerance, informative values)."""
-    if not (ref.is_floating_point() or ref.is_complex()):
-        equal = torch.equal(out, ref)
-        return equal, "" if equal else "integer/boolean values differ", 0.0 if equal else math.inf, 0, 0
+    if not (ref.is_floating_point() or ref.is_complex()):  # every place informative: an index, a flag
+        differ = int((out != ref).sum())
+        return not differ, "integer/boolean values differ" if differ else "", math.inf if differ else 0.0, differ, ref.numel()
     if out.numel() == 0:
         return True, "", 0.0, 0, 0
     atol, rtol = tolerance.for_dtype(ref.dtype)

@@ -459,6 +459,7 @@ def _replay(
     the path forward takes recorded, so the two can be told apart only by the knockout's poison."""
     recorder = OpRecorder(provenance_key)
     counter.recorder, counter.knockout = recorder, knockout
+    recorder.stand_in_for_refusals = knockout
     try:
         with judged_conditions(), recorder:
             yield recorder
@@ -514,8 +515,9 @@ def _knockout_trial(
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
     remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
     wrong values (a Cholesky factor of what is no longer positive-definite) may have a PyTorch op
-    refuse them: its output then depends on the kernels, and provenance and the op accounting are
-    the checks left (``knockout_refused``). Any other error (forward's own, on what it found in its
+    refuse them: it returns wrong values of its result's shapes instead (``OpRecorder._stand_in``),
+    and where it cannot, the op accounting is the check left, held to the share the knockout would
+    have (``knockout_refused``). Any other error (forward's own, on what it found in its
     kernels' output) is a forward hiding from the knockout (``knockout_raised``)."""
     model = _model_for(module, models, spec, exchange, 0)
     args = _case_inputs(spec, exchange, 0)
@@ -533,6 +535,8 @@ def _knockout_trial(
         return SKIPPED
     check_returned(out, args)
     observations["knockout_copies"] = counter.copies
+    if recorder.stood_in:
+        observations["knockout_stood_in"] = recorder.stood_in[:8]
     return out
 
 

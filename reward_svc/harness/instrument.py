@@ -65,9 +65,11 @@ class LaunchCounter:
             def call() -> Any:
                 recorder.launch_depth += 1
                 try:
-                    return inner()
+                    result = inner()
                 finally:
                     recorder.launch_depth -= 1
+                recorder.launched(launch_tensors(args, kwargs), result)
+                return result
 
         if recorder is not None:
             recorder.path.append(f"launch:{label}")

@@ -175,6 +175,14 @@ DENIED_OBJECTS: dict[Guard, tuple[str, ...]] = {
         "torch.storage",
         "triton.compile",
         "torch.autograd.handle_torch_function",
+        # sparse tensors: their kernels sum duplicates and densify out of the op accounting's sight
+        "torch.sparse_coo_tensor",
+        "torch.sparse_csr_tensor",
+        "torch.sparse_csc_tensor",
+        "torch.sparse_bsr_tensor",
+        "torch.sparse_bsc_tensor",
+        "torch.sparse_compressed_tensor",
+        "torch.sparse",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
         "operator.attrgetter",
@@ -346,6 +354,14 @@ VALUE_ATTRIBUTES_DENIED = frozenset(
         # its own dispatch rule (it would see the harness's recorder)
         "register_kernel",
         "register_torch_dispatch",
+        # a tensor made sparse (see the sparse constructors)
+        "to_sparse",
+        "to_sparse_coo",
+        "to_sparse_csr",
+        "to_sparse_csc",
+        "to_sparse_bsr",
+        "to_sparse_bsc",
+        "sparse_mask",
         # modules that objects keep as attributes: reached as a value's attribute they would pass every module rule
         "sys",
         "os",

@@ -9,20 +9,25 @@ reference's ops that act as copies on its values; the Proposer's validation hash
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypedDict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from services.children import tensors
 
 
 class Work(TypedDict):
-    """What PyTorch did in one call (``OpRecorder.work``): compute work by family, values read into Python."""
+    """What PyTorch did in one call (``OpRecorder.work``): compute work by family, the part of its
+    pointwise work that combined values (``combining_work``), values read into Python."""
 
     families: dict[str, int]
+    combining: int
     host_scalars: int
     host_bytes: int
 
@@ -236,12 +241,9 @@ DATA_OPS = frozenset(
     {
         "gather",
         "scatter",
-        "scatter_add",
-        "scatter_reduce",
         "index_select",
         "index",
         "index_put",
-        "index_add",
         "index_copy",
         "take",
         "take_along_dim",
@@ -284,6 +286,9 @@ DATA_OPS = frozenset(
         "channel_shuffle",
     }
 )
+# The key under which ``op_work`` reports the part of a pointwise op's work that folded values together
+# (``_combined``): not a family, what of the pointwise family can stand for a reduction or a contraction.
+COMBINING = "combining"
 ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(a, b): pointwise, not reductions
 # Reductions that keep their input's size (a sort, a scan, a search among boundaries): reductions
 # whatever the sizes, never pointwise work in disguise.
@@ -402,52 +407,197 @@ SMALL_EXTENT = (
 )
 
 
-def op_family(name: str) -> str:
+# Data ops that sum, multiply or take extremes as they place values: reductions under a data op's name
+# (a row sum as index_add, a ReLU as scatter_reduce with amax); index_put is one when it accumulates.
+ACCUMULATING_OPS = frozenset(
+    {"scatter_add", "scatter_reduce", "index_add", "index_reduce", "segment_reduce", "_segment_reduce", "put"}
+)
+ACCUMULATING_WHEN_ASKED = frozenset({"index_put", "_index_put_impl", "put"})
+SPARSE_CONTRACTIONS = frozenset({"_sparse_mm", "_sparse_addmm", "sspaddmm", "hspmm", "_sparse_sparse_matmul", "smm", "spmm"})
+SPARSE_REDUCTIONS = frozenset(
+    {
+        "_sparse_sum",
+        "_sparse_softmax",
+        "_sparse_log_softmax",
+        "_sparse_csr_sum",
+        "_sparse_csr_prod",
+        "_to_dense",
+        "to_dense",
+        "coalesce",
+        "_coalesce",
+    }  # densifying or coalescing sums duplicate entries
+)
+ATTENTION = frozenset(
+    {
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_efficient_attention_forward",
+        "_flash_attention_forward",
+        "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_fused_attention_overrideable",
+    }
+)
+# Library ops that do several families' work in one: each of their products also a subtraction or an
+# absolute value, and a sum (pairwise distances)
+MULTI_FAMILY = {
+    name: ("contraction", "pointwise", "reduction")
+    for name in ("cdist", "_cdist_forward", "_euclidean_dist", "pdist", "_pdist_forward")
+}
+# Factories whose values no tensor's data decides (their sizes only): what PyTorch computes from them
+# alone is index bookkeeping (an element's channel, a causal mask), not the reference's work. Not
+# ``empty``: its memory may hold what a freed tensor held.
+DATA_FREE_FACTORIES = frozenset(
+    {
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "ones",
+        "ones_like",
+        "new_ones",
+        "full",
+        "full_like",
+        "new_full",
+        "arange",
+        "range",
+        "linspace",
+        "logspace",
+        "eye",
+        "tril_indices",
+        "triu_indices",
+        "scalar_tensor",
+    }
+)
+
+
+def is_convolution(name: str) -> bool:
+    """A convolution under any backend's name (``cudnn_convolution_relu``, ``_conv_depthwise2d``, ``conv_tbc``)."""
+    return (
+        name in CONVOLUTIONS
+        or "convolution" in name
+        or name.startswith(("conv1d", "conv2d", "conv3d", "conv_", "_conv_", "slow_conv", "thnn_conv"))
+    )
+
+
+def op_family(name: str, accumulate: bool = False) -> str:
     """The family of an aten compute op (in-place ``scatter_`` is ``scatter``'s): contraction,
     reduction, data or pointwise."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    if base in REDUCTION_OPS or base in SCAN_OPS:
+    if base in REDUCTION_OPS or base in SCAN_OPS or base in ACCUMULATING_OPS or base in SPARSE_REDUCTIONS:
         return "reduction"
-    if base in CONTRACTION_OPS or base in MATRIX_FUNCTIONS or base.startswith(MATRIX_FUNCTION_PREFIXES):
+    if accumulate and base in ACCUMULATING_WHEN_ASKED:
+        return "reduction"
+    if (
+        base in CONTRACTION_OPS
+        or is_convolution(base)
+        or base in MATRIX_FUNCTIONS
+        or base in SPARSE_CONTRACTIONS
+        or base.startswith(MATRIX_FUNCTION_PREFIXES)
+    ):
         return "contraction"
     return "data" if base in DATA_OPS else "pointwise"
 
 
-def op_work(name: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> dict[str, int]:
-    """The work one aten compute op did, by family. Contractions, reductions and data ops: the
+def op_work(
+    name: str,
+    overload: str,
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    accumulate: bool = False,
+    scalars: int = 0,
+) -> dict[str, int]:
+    """The work one aten compute op did, by family (and, under ``COMBINING``, what of its pointwise work
+    folded values together). Contractions, reductions and data ops: the
     elements they read (a composite op: split by family, ``COMPOSITE_WORK``). A pointwise op: its
-    result's elements times the operations that make each (one per tensor operand past the first,
-    at least one; an activation's own weight), so ``addcmul`` weighs what ``mul`` and ``add`` do. A
+    result's elements times the operations that make each (one per operand past the first, a number
+    among its arguments, ``scalars``, one too, at least one; an activation's own weight), so
+    ``addcmul`` weighs what ``mul`` and ``add`` do, ``add(x, 1, alpha=0.5)`` a multiply and an add. A
     contraction over at most ``SMALL_EXTENT`` terms (a matmul with an inner size of 1) and a reduction
     of at most that many values into each result are pointwise work in disguise; a pointwise op that
     broadcasts its inputs into a larger result (an outer product spelled ``a[:, :, None] * b``) is a
-    contraction of that result's size."""
+    contraction of that result's size. On complex values a product is four real ones, a pointwise
+    operation two."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    family = op_family(name)
-    read = sum(t.numel() for t in inputs)
+    family = op_family(name, accumulate)
+    work = _op_work(base, family, overload, inputs, outputs, scalars)
+    if base in ATTENTION:
+        work = _attention_work(inputs) or work
+    elif base in MULTI_FAMILY:
+        products = _multiply_adds(base, inputs, max((t.numel() for t in outputs), default=0))
+        work = {f: max(products, *work.values()) for f in MULTI_FAMILY[base]}
+    if any(t.is_complex() for t in inputs):
+        return {f: w * (4 if f == "contraction" else 2) for f, w in work.items()}
+    return work
+
+
+def _combined(inputs: list[torch.Tensor], produced: int) -> int:
+    """How many values a pointwise op folded into others: the distinct values its operands hold past
+    the ones its result holds (``a + b``: one per result; ``x[:, ::2] + x[:, 1::2]``, one level of a tree
+    sum: half its input; ``-x`` or ``x + bias``: none, or the bias's). Only such work can stand for a
+    reduction's or a contraction's; an activation or a negation of the input cannot."""
+    return max(0, sum(_distinct(t) for t in inputs if t.numel() > 1) - produced)
+
+
+def _distinct(t: torch.Tensor) -> int:
+    """The values a (possibly broadcast) tensor holds: its size along the dimensions it does not repeat."""
+    if t.layout != torch.strided:
+        return _elements(t)
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
+
+
+def _elements(t: torch.Tensor) -> int:
+    """The values a tensor holds: a sparse one's stored values, not its dense size."""
+    if t.layout != torch.strided:
+        try:
+            return int(t._values().numel())
+        except (RuntimeError, NotImplementedError):  # a layout with no such view (mkldnn): its dense size
+            return t.numel()
+    return t.numel()
+
+
+def _attention_work(inputs: list[torch.Tensor]) -> dict[str, int] | None:
+    """A fused attention's work: its two matmuls (queries by keys, weights by values) and a softmax
+    over every score, as the same attention written out weighs."""
+    if len(inputs) < 3 or min(t.dim() for t in inputs[:3]) < 2:
+        return None
+    query, key, value = inputs[:3]
+    scores = query.numel() // max(1, query.shape[-1]) * key.shape[-2]
+    return {
+        "contraction": scores * (query.shape[-1] + value.shape[-1]),
+        **{family: scores * factor for family, factor in COMPOSITE_WORK["softmax"].items()},
+    }
+
+
+def _op_work(
+    base: str, family: str, overload: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], scalars: int = 0
+) -> dict[str, int]:
+    read = sum(_elements(t) for t in inputs)
     produced = max((t.numel() for t in outputs), default=0)
     if family == "reduction" and overload in ELEMENTWISE_OVERLOADS:
         family = "pointwise"
     if family == "contraction":
         extent = _contracted_extent(base, inputs)
         if extent is not None and extent <= SMALL_EXTENT:  # its products, and the added term of addmm and kin
-            return {"pointwise": produced * (extent + base.startswith(("add", "baddbmm")))}
+            folds = produced * (extent + base.startswith(("add", "baddbmm")))
+            return {"pointwise": folds, COMBINING: folds}
         return {"contraction": _multiply_adds(base, inputs, produced)}
     if family == "reduction":
         if (
             produced
-            and max((t.numel() for t in inputs), default=0) <= SMALL_EXTENT * produced
+            and max((_elements(t) for t in inputs), default=0) <= SMALL_EXTENT * produced
             and base not in COMPOSITE_WORK
             and base not in SCAN_OPS
         ):
-            return {"pointwise": read}
+            return {"pointwise": read, COMBINING: _combined(inputs, produced)}
         return {family: read * factor for family, factor in COMPOSITE_WORK.get(base, {"reduction": 1}).items()}
     if family == "data":
         return {"data": read}
     if inputs and produced > max(t.numel() for t in inputs):
         return {"contraction": produced}
-    operands = sum(1 for t in inputs if t.numel() > 1)
-    return {"pointwise": produced * max(1, operands - 1, POINTWISE_WEIGHT.get(base, 1))}
+    operands = len(inputs) + scalars
+    return {"pointwise": produced * max(1, operands - 1, POINTWISE_WEIGHT.get(base, 1)), COMBINING: _combined(inputs, produced)}
 
 
 MATMULS = frozenset({"mm", "bmm", "matmul", "addmm", "addbmm", "baddbmm"})
@@ -478,7 +628,7 @@ def _multiply_adds(name: str, inputs: list[torch.Tensor], produced: int) -> int:
     """A contraction's work: the products it sums (a matmul's M·N·K, a convolution's outputs times the
     terms each sums, an embedding bag's looked-up values), so a cheap pass over its operands (their
     sums, say) never weighs what the contraction does; a matrix function (an exponential, a solve) as
-    a matmul of its operand by itself; other contractions by the larger of what they read and write."""
+    a matmul of its operand by itself; others as their results times what each sums over."""
     operands = inputs[1:] if name.startswith(("add", "baddbmm")) else inputs
     if name == "linear" and len(inputs) > 1:
         return inputs[0].numel() * inputs[1].shape[0]
@@ -486,34 +636,26 @@ def _multiply_adds(name: str, inputs: list[torch.Tensor], produced: int) -> int:
         return operands[0].numel() * (operands[1].shape[-1] if operands[1].dim() > 1 else 1)
     if name in VECTOR_PRODUCTS and operands:
         return operands[0].numel()
-    if name in CONVOLUTIONS and len(inputs) > 1 and inputs[1].dim() > 1:
+    if name == "conv_tbc" and len(inputs) > 1 and inputs[1].dim() == 3:  # weight (width, in, out)
+        return produced * (inputs[1].numel() // max(1, inputs[1].shape[-1]))
+    if is_convolution(name) and len(inputs) > 1 and inputs[1].dim() > 1:
         return max(produced, inputs[0].numel()) * (inputs[1].numel() // max(1, inputs[1].shape[0]))
     if name in ("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only") and len(inputs) > 1 and inputs[0].dim() > 1:
         return inputs[1].numel() * inputs[0].shape[-1]
     read = sum(t.numel() for t in inputs)
     if (name in MATRIX_FUNCTIONS or name.startswith(MATRIX_FUNCTION_PREFIXES)) and inputs and inputs[0].dim() > 1:
         return max(read, produced) * inputs[0].shape[-1]
-    return max(read, produced)
+    # any other (a bilinear form, pairwise distances, a sparse product): each result sums over what the
+    # largest operand holds per its leading index (a bilinear weight's d1·d2, a point's M coordinates)
+    largest = max(inputs, key=lambda t: t.numel(), default=None)
+    per_result = largest.numel() // max(1, largest.shape[0]) if largest is not None and largest.dim() > 1 else 1
+    return max(read, produced * per_result)
 
 
 def _contracted_extent(name: str, inputs: list[torch.Tensor]) -> int | None:
     """How many terms each result of a matmul-like op or a convolution sums (None: not known)."""
     operands = inputs[1:] if name.startswith(("add", "baddbmm")) else inputs
-    if (
-        name
-        in (
-            "convolution",
-            "_convolution",
-            "conv1d",
-            "conv2d",
-            "conv3d",
-            "cudnn_convolution",
-            "mkldnn_convolution",
-            "_convolution_mode",
-        )
-        and len(inputs) > 1
-        and inputs[1].dim() > 1
-    ):
+    if is_convolution(name) and "transpose" not in name and name != "conv_tbc" and len(inputs) > 1 and inputs[1].dim() > 1:
         return inputs[1].numel() // max(1, inputs[1].shape[0])
     if (
         operands
@@ -535,6 +677,57 @@ def _custom_op_body(func: Any) -> Callable[..., Any] | None:
     return getattr(opdef, "_init_fn", None)
 
 
+def _watch_printing() -> None:
+    """Make a tensor's printing (``str``, ``repr``, ``format``: PyTorch reads its values with dispatch
+    off) tell every recorder running that data reached Python."""
+    original = torch._tensor_str._str
+    if getattr(original, "tells_recorders", False):
+        return
+
+    def printing(*args: Any, **kwargs: Any) -> str:
+        for mode in _get_current_dispatch_mode_stack():
+            if isinstance(mode, OpRecorder):
+                mode.printed()
+        return original(*args, **kwargs)
+
+    printing.tells_recorders = True  # type: ignore[attr-defined]  # a mark on the function: installed once
+    torch._tensor_str._str = printing
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, complex)) and not isinstance(value, bool)
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _wrong_values(meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if meta.is_floating_point() or meta.is_complex():
+        return torch.full(meta.shape, math.nan, dtype=meta.dtype, device=device)
+    return torch.ones(meta.shape, dtype=meta.dtype, device=device)
+
+
+def _holds_values(result: Any) -> bool:
+    """Whether a launch's result carries numbers or text (not tensors, not a kernel handle)."""
+    if isinstance(result, (bool, int, float, complex, str, bytes)):
+        return True
+    if isinstance(result, dict):
+        result = list(result.values())
+    return isinstance(result, (list, tuple)) and any(_holds_values(item) for item in result)
+
+
+def _written_arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an op writes into by its schema (``out=``, in-place ``self``, a list ``_foreach_add_`` updates)."""
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = kwargs.get(argument.name) if argument.kwarg_only or position >= len(args) else args[position]
+        written.extend(tensors.tensors_in(value))
+    return written
+
+
 class OpRecorder(TorchDispatchMode):
     """Each aten op the forward ran, with how many calls and how many input elements it processed
     (the work PyTorch did, to tell a candidate that delegates the reference's work back to PyTorch),
@@ -551,12 +744,19 @@ class OpRecorder(TorchDispatchMode):
 
     def __init__(self, provenance_key: int | None = None, *, watch_copies: bool = False) -> None:
         super().__init__()
+        _watch_printing()
         self.watch_copies = watch_copies
         self.copying_ops: set[str] = set()  # with watch_copies: compute ops whose result was, place for place, an input
         self.op_error: BaseException | None = None  # the last error an op raised (glue refusing the values it was given)
+        # In the knockout: an op that refuses the poisoned values it was given returns wrong values of its
+        # result's shapes instead (``_stand_in``), so the trial goes on and measures the kernels' share;
+        # one that did is named in ``stood_in``
+        self.stand_in_for_refusals = False
+        self.stood_in: list[str] = []
         self.calls: Counter[str] = Counter()
         self.elements: Counter[str] = Counter()
         self.family_work: Counter[str] = Counter()
+        self.combining = 0  # what of the pointwise work folded values together (``COMBINING``)
         self.host_scalars = 0
         self.host_bytes = 0
         self.path: list[str] = []
@@ -564,6 +764,11 @@ class OpRecorder(TorchDispatchMode):
         self.launch_depth = 0  # inside a custom launch: its tensor plumbing is not the forward's, its compute is
         self.provenance_key = provenance_key
         self.written: set[int] = set()  # storages holding what custom kernels computed
+        # Storages whose values no input's data decided (``DATA_FREE_FACTORIES`` and what PyTorch computed
+        # from them alone), each with a tensor that keeps its memory from being handed to another; none once
+        # data reached Python (``escaped``), where it can come back as a factory's fill value
+        self.data_free: dict[int, torch.Tensor] = {}
+        self.escaped = False
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -576,36 +781,93 @@ class OpRecorder(TorchDispatchMode):
                     return body(*args, **kwargs)
             # one of PyTorch's own libraries (mkldnn, quantized, ...): its work, of unknown kind, counts as a contraction
             self.family_work["contraction"] += sum(t.numel() for t in tensors.tensors_in((args, kwargs)))
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            self.launched(tensors.tensors_in((args, kwargs)), result)
+            return result
         name = func.overloadpacket.__name__
         try:
             result = func(*args, **kwargs)
         except Exception as exc:
-            if not self._harness_depth:
-                self.op_error = exc
-            raise
+            if self._harness_depth:
+                raise
+            self.op_error = exc
+            stand_in = self._stand_in(func, args, kwargs) if self.stand_in_for_refusals and not self.launch_depth else None
+            if stand_in is None:
+                raise
+            self.stood_in.append(f"{name}: {type(exc).__name__}")
+            result = stand_in[0]
         if self.launch_depth and not is_compute_op(name):
             return result  # a launch's own tensor plumbing (the interpreter copies its arguments with aten ops)
         if not self._harness_depth:
             inputs = tensors.tensors_in((args, kwargs))
-            if (
-                self.watch_copies
-                and is_compute_op(name)
-                and any(tensors.is_copy_of(t, inputs) for t in tensors.tensors_in(result))
-            ):
+            outputs = tensors.tensors_in(result)
+            if self.watch_copies and is_compute_op(name) and any(tensors.is_copy_of(t, inputs) for t in outputs):
                 self.copying_ops.add(name)
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
             if name == "_local_scalar_dense":
                 self.host_scalars += 1
                 self.host_bytes += sum(t.element_size() for t in inputs)
+                self.escaped = self.escaped or not self._all_data_free(inputs)
+            data_free = self._track_data_free(func, name, args, kwargs, inputs, outputs)
             if is_compute_op(name):
                 self.path.append(name)
-                self.family_work.update(op_work(name, func._overloadname, inputs, tensors.tensors_in(result)))
+                if not data_free:
+                    accumulate = bool(kwargs.get("accumulate")) or any(a is True for a in args[2:])
+                    scalars = sum(1 for v in pytree.tree_leaves((args, kwargs)) if _is_number(v))
+                    work = op_work(name, func._overloadname, inputs, outputs, accumulate, scalars)
+                    self.combining += work.pop(COMBINING, 0)
+                    self.family_work.update(work)
             if self.provenance_key is not None:
                 with self.harness_work():
-                    self._follow(name, inputs, tensors.tensors_in(result))
+                    self._follow(name, inputs, outputs)
         return result
+
+    def _stand_in(self, func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any] | None:
+        """What a functional op that refused its values would have returned, wrong: its result's shapes
+        (from running it on meta tensors) filled with NaN, or integers and flags that are not zero. None:
+        an op that writes into its arguments, or whose shapes meta tensors cannot tell."""
+        if _written_arguments(func, args, kwargs):
+            return None
+        with self.harness_work():
+            try:
+                meta_args, meta_kwargs = pytree.tree_map_only(torch.Tensor, _meta_like, (args, kwargs))
+                shapes = func(*meta_args, **meta_kwargs)
+            except Exception:  # no meta kernel, or shapes that depend on the values: the refusal stands
+                return None
+            device = next((t.device for t in tensors.tensors_in((args, kwargs))), torch.device("cpu"))
+            return (pytree.tree_map_only(torch.Tensor, functools.partial(_wrong_values, device=device), shapes),)
+
+    def _all_data_free(self, inputs: list[torch.Tensor]) -> bool:
+        return all(tensors.storage_id(t) in self.data_free for t in inputs)
+
+    def _track_data_free(
+        self, func: Any, name: str, args: Any, kwargs: dict[str, Any], inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> bool:
+        """Whether this op's results hold values no input's data decided, noting their storages either
+        way (with the arguments it wrote into: an index written with the input's values is data)."""
+        data_free = (
+            not self.escaped
+            and not self.launch_depth
+            and (name in DATA_FREE_FACTORIES or (bool(inputs) and self._all_data_free(inputs)))
+        )
+        for t in (*outputs, *_written_arguments(func, args, kwargs)):
+            if data_free:
+                self.data_free[tensors.storage_id(t)] = t
+            else:
+                self.data_free.pop(tensors.storage_id(t), None)
+        return data_free
+
+    def launched(self, arguments: list[torch.Tensor], result: Any) -> None:
+        """A custom launch ran on these tensors and returned ``result``: whatever it wrote or returned
+        holds data now, and a native function that returns numbers has read data into Python."""
+        for t in (*arguments, *tensors.tensors_in(result)):
+            self.data_free.pop(tensors.storage_id(t), None)
+        self.escaped = self.escaped or _holds_values(result)
+
+    def printed(self) -> None:
+        """A tensor's values became text (``str``, ``repr``, ``format``): data reached Python."""
+        self.escaped = True
 
     def _follow(self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         if any(tensors.storage_id(t) in self.written for t in inputs):
@@ -663,4 +925,9 @@ class OpRecorder(TorchDispatchMode):
 
     def work(self) -> Work:
         """What one call did, for the judge: compute work per family and values read into Python."""
-        return {"families": dict(self.family_work), "host_scalars": self.host_scalars, "host_bytes": self.host_bytes}
+        return {
+            "families": dict(self.family_work),
+            "combining": self.combining,
+            "host_scalars": self.host_scalars,
+            "host_bytes": self.host_bytes,
+        }

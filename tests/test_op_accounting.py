@@ -1,0 +1,140 @@
+"""The op accounting's parts, in process (no sandbox): what PyTorch's work weighs, what of it is index
+bookkeeping, what can stand for another family's, and how the knockout goes on past an op that refuses
+its poison. The sandboxed verdicts these feed are in test_reward_work.py and test_reward_attacks.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reward_svc.harness.instrument import LaunchCounter
+from reward_svc.verify import pytorch_covers_reference
+from services.children.ops import OpRecorder, Work
+
+
+def work_of(forward, *inputs: torch.Tensor) -> Work:  # type: ignore[no-untyped-def]
+    with OpRecorder() as recorder:
+        forward(*inputs)
+    return recorder.work()
+
+
+X = torch.randn(4, 8, 16, 16)
+
+
+@pytest.mark.parametrize(
+    "bookkeeping",
+    [
+        lambda x: (torch.arange(x.numel()) // (x.shape[2] * x.shape[3])) % x.shape[1],  # each element's channel
+        lambda x: torch.ones(64, 64).tril().bool().logical_not(),  # a causal mask
+        lambda x: (torch.arange(64)[:, None] >= torch.arange(64)[None, :]).float() * 2.0,
+        lambda x: torch.linspace(0, 1, x.shape[-1]).exp().cumsum(0),
+        lambda x: torch.full_like(x, 3.0).mul_(2).add_(1),
+    ],
+)
+def test_index_bookkeeping_from_data_free_factories_is_no_work(bookkeeping) -> None:  # type: ignore[no-untyped-def]
+    assert work_of(bookkeeping, X)["families"] == {}
+
+
+@pytest.mark.parametrize(
+    "laundering",
+    [
+        lambda x: torch.zeros_like(x).copy_(x) * 2,  # the input copied into a zeros buffer
+        lambda x: torch.zeros(x.numel()).index_put_((torch.arange(x.numel()),), x.reshape(-1)) * 2,
+        lambda x: torch.mul(x, 1.0, out=torch.zeros_like(x)) * 2,
+        lambda x: torch.empty_like(x).fill_(1.0) * 2,  # empty: its memory may hold a freed tensor's values
+        lambda x: torch.full((8,), float(x[0, 0, 0, 0])) * 2,  # a value read into Python
+        lambda x: torch.full((8,), len(str(x[0, 0, 0, :4]))) * 2.0,  # a value printed
+    ],
+)
+def test_data_written_into_a_data_free_tensor_is_work(laundering) -> None:  # type: ignore[no-untyped-def]
+    assert work_of(laundering, X)["families"].get("pointwise", 0) >= 8
+
+
+def test_a_custom_launch_makes_what_it_was_given_data() -> None:
+    counter = LaunchCounter()
+    recorder = OpRecorder()
+    counter.recorder = recorder
+    with recorder:
+        buffer = torch.zeros(X.numel())
+        counter.around("copy", lambda: buffer.copy_(X.reshape(-1)), (X, buffer), {})
+        buffer * 2  # noqa: B018  (the work under test)
+    assert recorder.work()["families"] == {"pointwise": X.numel()}
+
+
+def test_pointwise_work_folds_values_only_when_it_combines_them() -> None:
+    n = X.numel()
+    assert work_of(lambda x: -x, X)["combining"] == 0
+    assert work_of(lambda x: torch.relu(x * 2.0), X)["combining"] == 0
+    assert work_of(lambda x: x + torch.ones(16), X)["combining"] == 16
+    assert work_of(lambda x: x * x.flip(0), X)["combining"] == n
+
+    def tree_sum(x: torch.Tensor) -> torch.Tensor:
+        a = x.reshape(-1)
+        while a.numel() > 1:
+            a = a[0::2] + a[1::2]
+        return a
+
+    assert work_of(tree_sum, X)["combining"] >= n - 2
+
+
+def test_fused_library_ops_weigh_what_they_compute() -> None:
+    q, k, v = torch.randn(2, 4, 64, 32), torch.randn(2, 4, 48, 32), torch.randn(2, 4, 48, 16)
+    fused = work_of(F.scaled_dot_product_attention, q, k, v)["families"]
+    written_out = work_of(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 32**0.5, -1) @ v, q, k, v)["families"]
+    assert fused["contraction"] == written_out["contraction"] == 2 * 4 * 64 * 48 * (32 + 16)
+    assert fused["reduction"] == 2 * 2 * 4 * 64 * 48
+
+    x, w = torch.randn(4, 16, 50), torch.randn(32, 16, 3)
+    conv = work_of(F.conv1d, x, w)["families"]["contraction"]
+    tbc = work_of(
+        lambda x, w: torch.conv_tbc(x.permute(2, 0, 1).contiguous(), w.permute(2, 1, 0).contiguous(), torch.zeros(32)), x, w
+    )["families"]
+    assert tbc["contraction"] == conv == 4 * 32 * 48 * 16 * 3
+
+    a, b = torch.randn(32, 48), torch.randn(48, 40)
+    real = work_of(torch.mm, a, b)["families"]["contraction"]
+    assert work_of(lambda a, b: a.to(torch.complex64) @ b.to(torch.complex64), a, b)["families"]["contraction"] == 4 * real
+
+
+@pytest.mark.parametrize(
+    ("fused", "operations"),
+    [
+        (lambda x: torch.add(torch.ones(()), x, alpha=0.5), 2),  # a multiply and an add
+        (lambda x: F.hardtanh(x, -1.0, 1.0), 2),  # two clamps
+        (lambda x: torch.addcmul(x, x, x, value=0.5), 3),
+        (lambda x: x * 2.0, 1),
+    ],
+)
+def test_numbers_an_op_folds_in_weigh_as_operations(fused, operations: int) -> None:  # type: ignore[no-untyped-def]
+    assert work_of(fused, X)["families"]["pointwise"] == operations * X.numel()
+
+
+def _work(families: dict[str, int], combining: int = 0) -> dict[str, object]:
+    return {"families": families, "combining": combining, "host_scalars": 0, "host_bytes": 0}
+
+
+def test_only_combining_pointwise_work_stands_for_a_reduction() -> None:
+    reference = _work({"reduction": 1000})
+    assert not pytorch_covers_reference(_work({"pointwise": 1000}, combining=0), reference)  # argmin as argmax of -x
+    assert pytorch_covers_reference(_work({"pointwise": 1000}, combining=990), reference) == ["reduction"]  # a tree
+    assert pytorch_covers_reference(_work({"contraction": 900}), reference) == ["reduction"]  # sums as a matmul
+    assert not pytorch_covers_reference(_work({"reduction": 500}), reference)
+    assert pytorch_covers_reference(_work({"reduction": 500}), reference, share=0.25) == ["reduction"]
+
+
+def test_the_knockout_goes_on_past_an_op_that_refuses_its_values() -> None:
+    not_positive_definite = -torch.eye(8)
+    with OpRecorder() as recorder:
+        recorder.stand_in_for_refusals = True
+        factor = torch.linalg.cholesky(not_positive_definite)
+        picked = torch.zeros(4)[torch.tensor([7])]  # an index out of range
+    assert factor.shape == (8, 8)
+    assert picked.shape == (1,) and picked.isnan().all()
+    assert recorder.stood_in and recorder.op_error is not None
+
+    with OpRecorder() as recorder, pytest.raises(IndexError):  # writes into its argument: no stand-in
+        recorder.stand_in_for_refusals = True
+        torch.zeros(4).index_put_((torch.tensor([7]),), torch.ones(1))
+    with pytest.raises(RuntimeError), OpRecorder():  # outside the knockout a refusal is an error as ever
+        torch.linalg.cholesky(not_positive_definite)
