@@ -10,11 +10,12 @@ ratio to the sampler's own log-probabilities where the sampler reported them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,20 @@ class CoderTrainer:
 
     # -- the step
     def step(self, groups: list[ClaimedGroup]) -> StepReport:
+        """One optimizer step on this process's groups (under several processes, each claims its own)."""
+        started = time.perf_counter()
+        report = self.accumulate(groups)
+        grad_norm = self.apply()
+        return replace(
+            report,
+            grad_norm=grad_norm,
+            learning_rate=float(self.scheduler.get_last_lr()[0]),
+            seconds=time.perf_counter() - started,
+        )
+
+    def accumulate(self, groups: list[ClaimedGroup]) -> StepReport:
+        """The step's gradients, accumulated over micro-batches (and averaged over processes), not yet
+        applied; normalised by the completion tokens of every process's groups."""
         started = time.perf_counter()
         config = self.config
         samples = [s for g in groups for s in g.samples]
@@ -153,39 +168,39 @@ class CoderTrainer:
                 if self.reference is not None:
                     batch["ref_logps"] = self._logps(self.reference, batch)
         loss_total, clip, weights, kls = 0.0, [], [], []
-        for batch in batches:
-            with self.accelerator.autocast():
-                out = policy_loss(
-                    self._logps(self.model, batch),
-                    batch["old_logps"],
-                    batch["advantages"],
-                    batch["completion_mask"],
-                    epsilon_low=config.epsilon_low,
-                    epsilon_high=config.epsilon_high,
-                    step_tokens=step_tokens,
-                    behaviour_logps=batch.get("behaviour_logps"),
-                    importance_cap=config.importance_cap,
-                    ref_logps=batch.get("ref_logps"),
-                    beta=config.beta,
-                )
-            self.accelerator.backward(out.loss)
+        for i, batch in enumerate(batches):
+            # gradients are averaged across processes once, on the last micro-batch
+            with self.accelerator.no_sync(self.model) if i < len(batches) - 1 else contextlib.nullcontext():
+                with self.accelerator.autocast():
+                    out = policy_loss(
+                        self._logps(self.model, batch),
+                        batch["old_logps"],
+                        batch["advantages"],
+                        batch["completion_mask"],
+                        epsilon_low=config.epsilon_low,
+                        epsilon_high=config.epsilon_high,
+                        step_tokens=step_tokens,
+                        behaviour_logps=batch.get("behaviour_logps"),
+                        importance_cap=config.importance_cap,
+                        ref_logps=batch.get("ref_logps"),
+                        beta=config.beta,
+                    )
+                self.accelerator.backward(out.loss)
             loss_total += float(out.loss)
             clip.append(out.clip_fraction)
             if out.importance_weight is not None:
                 weights.append(out.importance_weight)
             if out.kl is not None:
                 kls.append(out.kl)
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         rewards = [s.reward for s in samples]
+        # each process's loss is over the step's tokens divided among the processes: their mean is the step's
+        loss_total = float(self.accelerator.reduce(torch.tensor(loss_total, device=self.accelerator.device), reduction="mean"))
         return StepReport(
             loss=loss_total,
             clip_fraction=statistics.fmean(clip) if clip else 0.0,
             importance_weight=statistics.fmean(weights) if weights else None,
             kl=statistics.fmean(kls) if kls else None,
-            grad_norm=grad_norm if math.isfinite(grad_norm) else float("nan"),
+            grad_norm=float("nan"),
             learning_rate=float(self.scheduler.get_last_lr()[0]),
             reward_mean=statistics.fmean(rewards) if rewards else 0.0,
             reward_std=statistics.pstdev(rewards) if rewards else 0.0,
@@ -194,6 +209,14 @@ class CoderTrainer:
             tokens=tokens,
             seconds=time.perf_counter() - started,
         )
+
+    def apply(self) -> float:
+        """Clip the accumulated gradients, step the optimizer and the schedule; the norm before clipping."""
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm if math.isfinite(grad_norm) else float("nan")
 
     def save(self, directory: Path) -> Path:
         """The adapter (LoRA) or the whole model, with the tokenizer, where serving can load it."""
