@@ -80,8 +80,10 @@ def score_drafts(
             source=d.source,
             declined=d.declined if d.source is None else None,
             verdict=verdict_of.get(d.source) if d.source is not None else None,
-            details={k: v for k, v in d.details.items() if k != "prompt"},
-        )  # the result holds it once
+            details={k: v for k, v in d.details.items() if k != "prompt"},  # the result holds it once
+            reply=d.raw if d.tokens is not None else None,
+            tokens=d.tokens,
+        )
         for i, d in enumerate(drafts)
     ]
     return reports, scored

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from services.llm.chat import Sampling
+from services.llm.chat import SampledTokens, Sampling
 
 KernelBackend = Literal["cuda", "triton"]
 
@@ -22,6 +22,7 @@ class KernelDraft:
     model_version: str | None = None
     declined: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    tokens: SampledTokens | None = None  # where the sampling asked for them (training)
 
 
 class KernelGenerator(Protocol):

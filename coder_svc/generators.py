@@ -46,6 +46,7 @@ class LLMKernelGenerator:
                     model_version=completion.model_version,
                     declined=declined,
                     details={"generator": self.name, "prompt": messages, "finish_reason": completion.finish_reason},
+                    tokens=completion.tokens,
                 )
             )
         return drafts

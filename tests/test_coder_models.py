@@ -11,17 +11,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from coder_svc.generators import LLMKernelGenerator, build_generator, switch_model
+from servers import serving
 from services.config import Settings
 from services.llm.chat import Sampling
 from services.llm.factory import build_chat_model
@@ -87,24 +86,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def hf(tiny: dict[str, Path]) -> HFChatModel:
     return HFChatModel(tiny["model"])
-
-
-@contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    """``app`` under uvicorn on a port the kernel picks, in a thread; yields its /v1 base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")

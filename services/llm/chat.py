@@ -23,16 +23,34 @@ class Sampling(BaseModel):
     top_p: float = Field(0.95, gt=0, le=1)
     max_tokens: int = Field(4096, ge=1, le=65536)
     seed: int | None = Field(None, ge=0, lt=2**63)
+    logprobs: bool = Field(
+        False,
+        description="Also return each reply's prompt text, token ids and the sampler's log-probabilities "
+        "(what training needs; vLLM and the hf backend give them).",
+    )
+
+
+class SampledTokens(BaseModel):
+    """A reply as the sampler saw it, for training: the prompt text after the chat template (None where
+    the backend does not show it: the trainer renders the messages with the model's own template), the
+    reply's token ids and each one's log-probability under the sampler (at its temperature)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str | None = None
+    completion_ids: list[int]
+    logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled reply, with the served model that wrote it."""
+    """One sampled reply, with the served model that wrote it (and its tokens, where asked for)."""
 
     text: str
     model: str
     model_version: str | None = None
     finish_reason: str | None = None
+    tokens: SampledTokens | None = None
 
 
 class ChatModel(Protocol):

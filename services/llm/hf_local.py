@@ -24,7 +24,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
-from services.llm.chat import Completion, Message, Sampling
+from services.llm.chat import Completion, Message, SampledTokens, Sampling
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
@@ -162,16 +162,7 @@ class HFChatModel:
                     self._peft.set_adapter(self.active_adapter)
 
     def render(self, messages: list[Message]) -> str:
-        """The prompt text: the tokenizer's chat template with the assistant turn opened."""
-        if self.tokenizer.chat_template:
-            try:
-                return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-            except Exception:  # templates that reject a system turn (raise_exception in Jinja)
-                if messages and messages[0]["role"] == "system" and len(messages) > 1:
-                    merged = [{**messages[1], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
-                    return self.render(merged + messages[2:])
-                raise
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return render_prompt(self.tokenizer, messages)
 
     def complete(self, messages: list[Message], sampling: Sampling) -> list[Completion]:
         return self.sample([messages], sampling)[0][0]
@@ -185,7 +176,7 @@ class HFChatModel:
         rows = [p for p in prompts for _ in range(sampling.n)]
         sample = sampling.temperature > 0
         eos = self.tokenizer.eos_token_id
-        texts: list[tuple[str, str, int]] = []
+        texts: list[tuple[str, str, int, SampledTokens | None]] = []
         with self._lock, torch.inference_mode(), self._selected(model_name) as (name, version):
             if sampling.seed is not None:
                 set_seed(sampling.seed)
@@ -199,26 +190,58 @@ class HFChatModel:
                     max_new_tokens=sampling.max_tokens,
                     pad_token_id=self.tokenizer.pad_token_id,
                     eos_token_id=eos,
+                    return_dict_in_generate=True,
+                    output_logits=sampling.logprobs,
                     **({"temperature": sampling.temperature, "top_p": sampling.top_p} if sample else {}),
                 )
-                for tokens in generated[:, batch["input_ids"].shape[1] :].tolist():
+                width = batch["input_ids"].shape[1]
+                logprobs = _chosen_logprobs(generated, width, sampling.temperature) if sampling.logprobs else None
+                for row, tokens in enumerate(generated.sequences[:, width:].tolist()):
                     finished = eos is not None and eos in tokens
-                    if finished:
-                        tokens = tokens[: tokens.index(eos)]
+                    # the end token is part of what was sampled (and trained on); the text stops before it
+                    kept = tokens[: tokens.index(eos) + 1] if finished else tokens
+                    body = kept[:-1] if finished else kept
                     texts.append(
                         (
-                            str(self.tokenizer.decode(tokens, skip_special_tokens=True)),
-                            "stop" if finished or len(tokens) < sampling.max_tokens else "length",
-                            len(tokens),
+                            str(self.tokenizer.decode(body, skip_special_tokens=True)),
+                            "stop" if finished or len(body) < sampling.max_tokens else "length",
+                            len(body),
+                            SampledTokens(prompt=rows[start + row], completion_ids=kept, logprobs=logprobs[row][: len(kept)])
+                            if logprobs is not None
+                            else None,
                         )
                     )
         results = []
         for i, prompt in enumerate(prompts):
             mine = texts[i * sampling.n : (i + 1) * sampling.n]
-            completions = [Completion(text=t, model=name, model_version=version, finish_reason=f) for t, f, _ in mine]
-            usage = Usage(len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]), sum(k for *_, k in mine))
+            completions = [
+                Completion(text=t, model=name, model_version=version, finish_reason=f, tokens=tokens) for t, f, _, tokens in mine
+            ]
+            usage = Usage(len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"]), sum(k for _, _, k, _ in mine))
             results.append((completions, usage))
         return results
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[Message]) -> str:
+    """The prompt text a model sees: its tokenizer's chat template with the assistant turn opened (a
+    plain ``role: content`` layout where it has none). The trainer renders the same way."""
+    if tokenizer.chat_template:
+        try:
+            return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        except Exception:  # templates that reject a system turn (raise_exception in Jinja)
+            if messages and messages[0]["role"] == "system" and len(messages) > 1:
+                merged = [{**messages[1], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
+                return render_prompt(tokenizer, merged + messages[2:])
+            raise
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def _chosen_logprobs(generated: Any, width: int, temperature: float) -> list[list[float]]:
+    """Each sampled token's log-probability under the model at the sampling temperature (before top-p:
+    the distribution the trainer's ratio uses), per row."""
+    chosen = generated.sequences[:, width:]
+    logits = torch.stack(generated.logits, dim=1).float() / (temperature if temperature > 0 else 1.0)
+    return torch.gather(logits.log_softmax(-1), 2, chosen.unsqueeze(-1)).squeeze(-1).tolist()
 
 
 def _fingerprint(path: Path, config_only: bool) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import structlog
 
-from services.llm.chat import Completion, Message, Sampling
+from services.llm.chat import Completion, Message, SampledTokens, Sampling
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +127,9 @@ class OpenAIChatModel:
         seed = sampling.seed if seed is None else seed
         if seed is not None:
             body["seed"] = seed
+        if sampling.logprobs:  # vLLM: each sampled token as "token_id:<id>" with its log-probability
+            body["logprobs"] = True
+            body["return_tokens_as_token_ids"] = True
         data = self._post_json("/chat/completions", body)
         served = data.get("model") or model
         try:
@@ -139,6 +142,7 @@ class OpenAIChatModel:
                 model=served,
                 model_version=version,
                 finish_reason=choice.get("finish_reason"),
+                tokens=_sampled_tokens(choice) if sampling.logprobs else None,
             )
             for choice in sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
         ]
@@ -279,3 +283,18 @@ def _retry_after_s(response: httpx.Response) -> float | None:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
         return None
+
+
+def _sampled_tokens(choice: dict[str, Any]) -> SampledTokens | None:
+    """A choice's token ids and log-probabilities from vLLM's ``logprobs.content`` (tokens spelled
+    ``token_id:<id>``); None where the server gave no ids (a server that ignores the request: the
+    trainer then re-tokenises the text and uses no sampler log-probabilities)."""
+    entries = (choice.get("logprobs") or {}).get("content") or []
+    ids, logprobs = [], []
+    for entry in entries:
+        token = str(entry.get("token", ""))
+        if not token.startswith("token_id:") or not token[9:].lstrip("-").isdigit():
+            return None
+        ids.append(int(token[9:]))
+        logprobs.append(float(entry.get("logprob", 0.0)))
+    return SampledTokens(completion_ids=ids, logprobs=logprobs) if ids else None

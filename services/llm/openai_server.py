@@ -16,7 +16,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.llm.chat import Sampling
+from services.llm.chat import Completion, Sampling
 from services.llm.hf_local import HFChatModel
 
 
@@ -36,6 +36,8 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int = Field(256, ge=1, le=32768)
     seed: int | None = None
     stream: bool = False
+    logprobs: bool = False
+    return_tokens_as_token_ids: bool = False  # vLLM's: tokens spelled "token_id:<id>"
 
 
 class ChoiceMessage(BaseModel):
@@ -43,10 +45,20 @@ class ChoiceMessage(BaseModel):
     content: str
 
 
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
 class Choice(BaseModel):
     index: int
     message: ChoiceMessage
     finish_reason: str | None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class UsageOut(BaseModel):
@@ -114,7 +126,12 @@ def create_openai_app(model: HFChatModel) -> FastAPI:
         if request.stream:
             raise HTTPException(400, "stream=true is not supported by this server")
         sampling = Sampling(
-            n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens, seed=request.seed
+            n=request.n,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            logprobs=request.logprobs,
         )
         messages = [m.model_dump() for m in request.messages]
         try:
@@ -127,7 +144,12 @@ def create_openai_app(model: HFChatModel) -> FastAPI:
             model=completions[0].model,
             system_fingerprint=completions[0].model_version or model.base_version,
             choices=[
-                Choice(index=i, message=ChoiceMessage(content=c.text), finish_reason=c.finish_reason)
+                Choice(
+                    index=i,
+                    message=ChoiceMessage(content=c.text),
+                    finish_reason=c.finish_reason,
+                    logprobs=_logprobs(c, model, request.return_tokens_as_token_ids) if request.logprobs else None,
+                )
                 for i, c in enumerate(completions)
             ],
             usage=UsageOut(
@@ -156,3 +178,12 @@ def create_openai_app(model: HFChatModel) -> FastAPI:
         return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
 
     return app
+
+
+def _logprobs(completion: Completion, model: HFChatModel, as_ids: bool) -> ChoiceLogprobs | None:
+    """vLLM's ``logprobs.content``: each sampled token (as ``token_id:<id>`` where asked) and its log-probability."""
+    tokens = completion.tokens
+    if tokens is None or tokens.logprobs is None:
+        return None
+    spelled = [f"token_id:{t}" if as_ids else str(model.tokenizer.convert_ids_to_tokens(t)) for t in tokens.completion_ids]
+    return ChoiceLogprobs(content=[TokenLogprob(token=t, logprob=lp) for t, lp in zip(spelled, tokens.logprobs)])

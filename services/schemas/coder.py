@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.llm.chat import Sampling
+from services.llm.chat import SampledTokens, Sampling
 from services.schemas.reward import MAX_SOURCE_CHARS, ScoredVerdict
 
 ModelBackend = Literal["template", "openai", "hf"]
@@ -62,6 +62,8 @@ class CandidateReport(BaseModel):
     declined: str | None = Field(None, description="Why the generator produced no kernel (not scored).")
     verdict: ScoredVerdict | None = None
     details: dict[str, Any] = Field(default_factory=dict)
+    reply: str | None = Field(None, description="The model's whole reply, where the sampling asked for tokens (training).")
+    tokens: SampledTokens | None = Field(None, description="The reply's token ids and the sampler's log-probabilities.")
 
 
 class KernelResult(BaseModel):

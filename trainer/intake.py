@@ -1,0 +1,73 @@
+"""Rollouts from the Coder's generation jobs: a job sampled for training (``sampling.logprobs``) holds,
+per candidate, the model's whole reply, its token ids and the sampler's log-probabilities, and its
+verdict and reward; ``record_coder_job`` stores them as one group, keyed by the job (a result read
+twice, after a restart, is stored once).
+
+What a candidate counts as: its verdict and reward where the reward service judged it; a reply with
+no program in it is the model's failure (reward 0, status ``no_code``); a candidate the service could
+not judge (``unverified``: no GPU where timing was asked for, or no verdict at all) is ``unscored``,
+so its group stays out of the loss instead of teaching that the kernel was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.llm.chat import Message
+from services.schemas.coder import CandidateReport, KernelResult
+from trainer.rollouts import UNSCORED, Sample, record_group
+
+NO_CODE = "no_code"
+
+
+class IntakeError(ValueError):
+    """A generation result that cannot become rollouts (no prompt to train on)."""
+
+
+def coder_samples(result: KernelResult, render: Callable[[list[Message]], str]) -> list[Sample]:
+    """One sample per candidate, in order. ``render`` turns the job's messages into the prompt text with
+    the trained model's chat template, where the backend did not report the text it rendered (vLLM)."""
+    rendered: str | None = None
+    samples = []
+    for report in result.candidates:
+        tokens = report.tokens
+        prompt = tokens.prompt if tokens is not None and tokens.prompt else None
+        if prompt is None:
+            if result.prompt is None:
+                raise IntakeError("the generation result holds no prompt: it was not sampled through a chat model")
+            rendered = rendered if rendered is not None else render(result.prompt)
+            prompt = rendered
+        status, reward = _judged(report)
+        samples.append(
+            Sample(
+                prompt=prompt,
+                completion=report.reply if report.reply is not None else (report.source or ""),
+                status=status,
+                reward=reward,
+                completion_ids=tokens.completion_ids if tokens is not None else None,
+                behaviour_logps=tokens.logprobs if tokens is not None else None,
+            )
+        )
+    return samples
+
+
+def _judged(report: CandidateReport) -> tuple[str, float | None]:
+    if report.verdict is None:
+        return (NO_CODE, 0.0) if report.source is None else (UNSCORED, None)
+    if report.verdict.status == "unverified":
+        return UNSCORED, None
+    return report.verdict.status, report.verdict.reward
+
+
+def record_coder_job(
+    job_id: str,
+    result: KernelResult,
+    render: Callable[[list[Message]], str],
+    *,
+    task_id: str | None = None,
+    model_version_id: str | None = None,
+) -> str:
+    """Store a training generation job's candidates as one rollout group (its id the job's)."""
+    return record_group(
+        "coder", coder_samples(result, render), group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=model_version_id
+    )
