@@ -44,7 +44,7 @@ for step in "$@"; do
     case "$name" in
         tests)
             [ "$arg" = tests ] && arg=  # tests:EXPR runs only the tests pytest -k EXPR selects
-            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_compile.py tests/test_reward_gpu.py \
+            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_compile.py tests/test_reward_gpu.py tests/test_reward_integrity_gpu.py \
                 2>&1 | tee "$RESULTS/gpu_tests${arg:+_$arg}.log" ;;
         throughput)
             python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \

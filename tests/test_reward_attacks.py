@@ -64,7 +64,7 @@ KNOWN_LIMITS = {
 }
 
 
-def _read(name: str) -> str:
+def attack_source(name: str) -> str:
     return (ATTACKS / f"{name}.py").read_text()
 
 
@@ -75,7 +75,7 @@ def _read(name: str) -> str:
 )
 def test_second_round_attacks_are_caught_and_honest_glue_passes(evaluator: Evaluator, reference: str) -> None:
     expected = GROUPS.get(reference) or KNOWN_LIMITS[reference]
-    verdicts = evaluator.evaluate_group(_read(reference), [_read(name) for name in expected], CPU).verdicts
+    verdicts = evaluator.evaluate_group(attack_source(reference), [attack_source(name) for name in expected], CPU).verdicts
     wrong = {
         name: f"{verdict.status}/{verdict.guard}: {verdict.reason[:240]}"
         for (name, want), verdict in zip(expected.items(), verdicts)

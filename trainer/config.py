@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -79,6 +79,30 @@ class CoderRLConfig(BaseModel):
             raise ConfigError(f"group_size {self.group_size} does not match the groups being scored ({group_size_served})")
 
 
+class ColdStartConfig(BaseModel):
+    """Cold-start SFT of the Coder on verified traces, through TRL's ``SFTTrainer`` (loss on the
+    completion only, the prompt rendered exactly as serving renders it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(..., description="Local Hugging Face model directory of the Coder's base model.")
+    lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
+    learning_rate: float = Field(2e-5, gt=0, le=1, description="Peak learning rate.")
+    epochs: float = Field(2.0, gt=0, description="Passes over the traces.")
+    max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
+    batch_size: int = Field(4, ge=1, description="Traces per device per forward/backward pass.")
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_length: int = Field(8192, ge=16, description="Prompt and completion tokens kept per trace (longer ones are cut).")
+    bf16: bool | None = Field(None, description="bf16; None: on where a GPU is.")
+    seed: int = Field(0, ge=0)
+
+    def check(self) -> None:
+        check_model(self.model_path, self.lora)
+
+
+RunConfig = TypeVar("RunConfig", CoderRLConfig, ColdStartConfig)
+
+
 def check_model(path: Path, lora: LoRAConfig | None) -> None:
     """The model directory exists and holds a config, and a LoRA target names modules it has."""
     config_file = path / "config.json"
@@ -97,9 +121,9 @@ def check_model(path: Path, lora: LoRAConfig | None) -> None:
         raise ConfigError(f"LoRA target_modules {missing} match no module of {path.name} (it has e.g. {sorted(names)[:8]})")
 
 
-def load_config(path: Path | None, overrides: dict[str, object]) -> CoderRLConfig:
-    """A run configuration from a YAML or JSON file (or none) and command-line overrides; ``ConfigError``
-    with every problem on one line."""
+def load_config(kind: type[RunConfig], path: Path | None, overrides: dict[str, object]) -> RunConfig:
+    """A run configuration of ``kind`` from a YAML or JSON file (or none) and command-line overrides;
+    ``ConfigError`` with every problem on one line."""
     data: dict[str, object] = {}
     if path is not None:
         text = path.read_text()
@@ -114,7 +138,7 @@ def load_config(path: Path | None, overrides: dict[str, object]) -> CoderRLConfi
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return CoderRLConfig.model_validate(data)
+        return kind.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(problems) from None

@@ -1,0 +1,84 @@
+"""The reward-integrity cases of the CPU suite (``test_reward_integrity``, ``test_reward_attacks``)
+judged again through the GPU path: compiled Triton, the device lock, timing and its guards, device
+fingerprints. A hack the interpreter's path catches must be caught here too, and an honest kernel
+it passes must pass here. Runs on the device machine (``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import test_reward_attacks as attacks
+import test_reward_integrity as integrity
+from reward_cases import kernel_candidate
+from reward_svc.evaluate import Evaluator
+from services.config import Settings
+from services.schemas.reward import ScoreOptions, Verdict
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+GPU = ScoreOptions(backend="triton", device="cuda", timeout_s=300)
+CATCHING = "caught"  # any guard but the correct verdict
+
+
+def _cases() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
+    """(group name, reference, {candidate name: (source, what it must get: 'correct', a guard, or CATCHING)})."""
+    groups: list[tuple[str, str, dict[str, tuple[str, str]]]] = []
+    for reference, forwards in [
+        (integrity.RELU, integrity.RELU_COPIES),
+        (integrity.MATMUL, integrity.MATMUL_COPIES),
+        (integrity.SOFTMAX, integrity.SOFTMAX_COPIES),
+        (integrity.MULADD, integrity.MULADD_COPIES),
+    ]:
+        groups.append(("copies", reference, {name: (kernel_candidate(f), "pytorch_fallback") for name, f in forwards.items()}))
+    groups.append(
+        (
+            "partial",
+            integrity.RELU,
+            {name: (kernel_candidate(f, integrity.NUDGE_KERNEL), CATCHING) for name, f in integrity.PARTIAL.items()},
+        )
+    )
+    groups.append(("honest", integrity.RELU, {name: (src, "correct") for name, (_, src) in integrity.HONEST.items()}))
+    for name, (reference, source) in integrity.GLUE.items():
+        groups.append((f"glue: {name}", reference, {name: (source, "correct")}))
+    for reference, expected in attacks.GROUPS.items():
+        groups.append(
+            (
+                reference,
+                attacks.attack_source(reference),
+                {name: (attacks.attack_source(name), want) for name, want in expected.items()},
+            )
+        )
+    return groups
+
+
+def _miss(want: str, verdict: Verdict) -> bool:
+    if want == "correct":
+        return not verdict.correct
+    if want == CATCHING:
+        return verdict.correct
+    return verdict.guard != want
+
+
+def test_the_integrity_cases_get_the_same_verdicts_on_the_gpu(kz_env: Callable[..., Settings]) -> None:
+    """Every group at once, eight children, as a GPU worker's threads run its jobs."""
+    evaluator = Evaluator(kz_env(reward_warm_children=4, reward_parallel_children=8))
+    groups = _cases()
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            judged = list(
+                pool.map(lambda g: evaluator.evaluate_group(g[1], [src for src, _ in g[2].values()], GPU).verdicts, groups)
+            )
+    finally:
+        evaluator.close()
+    wrong = [
+        f"{group} / {name}: wanted {want}, got {v.status}/{v.guard} speedup={v.speedup}: {v.reason[:240]}"
+        for (group, _, candidates), verdicts in zip(groups, judged)
+        for (name, (_, want)), v in zip(candidates.items(), verdicts)
+        if _miss(want, v)
+    ]
+    print(f"{sum(len(g[2]) for g in groups)} candidates in {len(groups)} groups; {len(wrong)} wrong")
+    assert not wrong, "\n".join(wrong)

@@ -1,0 +1,90 @@
+"""Cold-start SFT: traces from the template teacher kept only where the sandboxed reward service finds
+their kernels correct, a user's JSONL verified line by line (each refusal with its reason), duplicates
+dropped, the prompt rendered exactly as serving renders it, and TRL's SFTTrainer making a tiny model
+likelier to write the traces it was shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coder_svc import build_generator
+from reward_svc.evaluate import Evaluator
+from services.llm.hf_local import HFChatModel
+from services.schemas.reward import ScoreOptions
+from tiny_lm import build_tiny_lm
+from trainer.config import ColdStartConfig
+from trainer.sft import Trace, collect, deduplicate, read_jsonl, sft_dataset, train, verifier, write_jsonl
+
+CPU = ScoreOptions(backend="triton", device="cpu", timeout_s=120)
+
+
+def module(forward: str, inputs: str = "[torch.randn(16, 64)]") -> str:
+    return (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        f"        return {forward}\n\n\ndef get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+
+
+MODULES = [module("torch.relu(x) * 2.0"), module("torch.softmax(x, dim=1)"), module("torch.sigmoid(x) + x")]
+WRONG_RELU = "```python\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x * 2.0\n```"
+
+
+@pytest.fixture(scope="module")
+def traces(shared_evaluator: Evaluator) -> list[Trace]:
+    return collect(MODULES, build_generator("template"), verifier(shared_evaluator), CPU)
+
+
+@pytest.mark.slow  # the template's tracer and the sandboxed reward
+def test_template_traces_are_verified_and_in_the_serving_prompt(traces: list[Trace]) -> None:
+    assert len(traces) == len(MODULES)
+    for trace, source in zip(traces, MODULES):
+        assert trace.module == source and trace.origin == "template"
+        assert trace.messages[-1]["content"].count(source.strip()) == 1  # the Coder's own prompt around the module
+        assert "```python" in trace.completion and "@triton.jit" in trace.completion and "Triton kernel" in trace.completion
+    assert deduplicate([*traces, *traces]) == traces
+
+
+@pytest.mark.slow
+def test_a_users_jsonl_keeps_only_what_verifies_and_says_why(
+    traces: list[Trace], shared_evaluator: Evaluator, tmp_path: Path
+) -> None:
+    path = tmp_path / "mine.jsonl"
+    write_jsonl(traces[:1], path)
+    with path.open("a") as f:
+        f.write(json.dumps({"module": MODULES[0], "completion": WRONG_RELU}) + "\n")
+        f.write(json.dumps({"module": MODULES[0], "completion": "I would fuse it."}) + "\n")
+        f.write("not json\n\n")
+    kept, refused = read_jsonl(path, verifier(shared_evaluator), CPU)
+    assert [t.completion for t in kept] == [traces[0].completion] and kept[0].origin == "jsonl"
+    assert refused == [
+        "line 2: its kernel is not correct",
+        "line 3: the completion holds no program defining ModelNew",
+        refused[2],
+    ] and refused[2].startswith("line 4: not a trace (JSONDecodeError")
+
+
+def completion_logprob(model_dir: Path, base: Path, prompt: str, completion: str) -> float:
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        logps = model(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
+    return float(logps[len(prompt_ids) - 1 :].mean())
+
+
+@pytest.mark.slow  # a few TRL optimizer steps on CPU
+def test_sft_through_trl_makes_the_traces_likelier(traces: list[Trace], tmp_path: Path) -> None:
+    base = build_tiny_lm(tmp_path / "tiny")
+    rows = sft_dataset(traces, AutoTokenizer.from_pretrained(base))
+    assert rows[0]["prompt"] == HFChatModel(base).render(traces[0].messages)  # what serving renders, to the character
+    config = ColdStartConfig(model_path=base, lora=None, learning_rate=5e-3, epochs=8, batch_size=2, max_length=4096, seed=0)
+    out = train(traces, config, tmp_path / "sft")
+    before = completion_logprob(base, base, rows[0]["prompt"], traces[0].completion)
+    after = completion_logprob(out, base, rows[0]["prompt"], traces[0].completion)
+    assert after > before + 0.5, (before, after)
