@@ -27,7 +27,6 @@ from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.schemas.reward import GUARDS, Guard, Verdict
 
-DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 # A correct output must reproduce the reference's variation, not just its level: relative L2
 # error of the mean-centred output. Applied where a constant or zero output would pass allclose.
 STRUCTURE_TOLERANCE = 0.05
@@ -76,7 +75,7 @@ class Tolerance:
     rtol: float | None = None
 
     def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
-        default = DEFAULT_TOLERANCE.get(dtype, 1e-4)
+        default = tensors.DEFAULT_TOLERANCE.get(dtype, 1e-4)
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 

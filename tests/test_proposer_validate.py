@@ -149,6 +149,11 @@ TOO_SLOW = module(
     "        w = torch.tanh(torch.arange(1 << 20, dtype=x.dtype).reshape(1024, 1024) * 1e-6 + x.sum())\n"
     "        m = w @ w @ w\n        return x + y + 1e-30 * m.mean()"
 )
+# Every value of a softmax over 262,144 values lies within the reward's atol of zero: a kernel that
+# writes zeros would pass, so the task cannot tell right from wrong.
+TOLERANCE_BLIND = module(
+    "        return torch.softmax((x * y).reshape(-1), dim=0)", inputs="[torch.rand(512, 512), torch.rand(512, 512)]"
+)
 TOO_FAST = module("        return x + y", inputs="[torch.randn(4), torch.randn(4)]")
 
 
@@ -160,7 +165,13 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 @pytest.fixture(scope="module")
 def batch(settings: Settings) -> dict[str, ValidationResult]:
     """Every rule-breaking module, the good one and the crashers, validated as one batch."""
-    named = {**BROKEN, "seed_invariant_output": SEED_INVARIANT_OUTPUT, "oom": OOM, "good": GOOD}
+    named = {
+        **BROKEN,
+        "seed_invariant_output": SEED_INVARIANT_OUTPUT,
+        "tolerance_blind": TOLERANCE_BLIND,
+        "oom": OOM,
+        "good": GOOD,
+    }
     options = ValidationOptions(device="cpu", min_ms=0, max_ms=0, timeout_s=120)
     with Validator(options, settings, warm_children=2) as validator:
         results = dict(zip(named, validator.validate_many(list(named.values()), parallel=2)))
@@ -187,6 +198,8 @@ def test_reasons_say_what_happened(batch: dict[str, ValidationResult]) -> None:
     assert batch["seed_invariant_output"].rule == "seed_invariant" and "different seeds" in batch["seed_invariant_output"].reason
     assert "272 parameters" in batch["parameters_unused"].reason
     assert "equals 0" in batch["near_constant"].reason
+    blind = batch["tolerance_blind"]
+    assert blind.rule == "near_constant" and "within the reward's tolerance of every one of the 262144 values" in blind.reason
 
 
 @pytest.mark.parametrize(

@@ -21,11 +21,10 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
 GPU = ScoreOptions(backend="triton", device="cuda", timeout_s=300)
-CATCHING = "caught"  # any guard but the correct verdict
 
 
 def _cases() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
-    """(group name, reference, {candidate name: (source, what it must get: 'correct', a guard, or CATCHING)})."""
+    """(group name, reference, {candidate name: (source, 'correct' or the guard the CPU suite expects)})."""
     groups: list[tuple[str, str, dict[str, tuple[str, str]]]] = []
     for reference, forwards in [
         (integrity.RELU, integrity.RELU_COPIES),
@@ -38,7 +37,7 @@ def _cases() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
         (
             "partial",
             integrity.RELU,
-            {name: (kernel_candidate(f, integrity.NUDGE_KERNEL), CATCHING) for name, f in integrity.PARTIAL.items()},
+            {name: (kernel_candidate(f, integrity.NUDGE_KERNEL), "caught") for name, f in integrity.PARTIAL.items()},
         )
     )
     groups.append(("honest", integrity.RELU, {name: (src, "correct") for name, (_, src) in integrity.HONEST.items()}))
@@ -56,11 +55,11 @@ def _cases() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
 
 
 def _miss(want: str, verdict: Verdict) -> bool:
-    if want == "correct":
-        return not verdict.correct
-    if want == CATCHING:
-        return verdict.correct
-    return verdict.guard != want
+    """An honest kernel must be correct; a hack must earn nothing. Which guard catches a hack may
+    differ from the CPU's: PyTorch's own kernels refuse some of them on the device (an SDPA on
+    misaligned views, an index out of range is a device-side assert), and the CPU suite holds the
+    guards themselves."""
+    return verdict.correct != (want == "correct")
 
 
 def test_the_integrity_cases_get_the_same_verdicts_on_the_gpu(kz_env: Callable[..., Settings]) -> None:

@@ -11,6 +11,10 @@ from typing import Any
 
 import torch
 
+# The tolerance a candidate's output is held to (KernelBench's), atol and rtol alike. The reward
+# service judges with it; the Proposer rejects tasks whose outputs it cannot tell from a constant.
+DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, torch.Tensor):
