@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from reward_svc.evaluate import Evaluator
+from servers import serve
 from services.cli.launcher import platform_commands
 from services.config import Settings, get_settings
 from services.db import migrate
@@ -224,3 +225,20 @@ def shared_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evalu
 @pytest.fixture
 def evaluator(shared_evaluator: Evaluator) -> Evaluator:
     return shared_evaluator
+
+
+@pytest.fixture
+def coder_api(
+    platform_env: Callable[..., Settings],
+    start_worker: Callable[..., WorkerProcess],
+    free_port: Callable[[], int],
+    tmp_path: Path,
+) -> Iterator[str]:
+    """The coder's URL; the reward service listens at the settings' reward URL (what the clients use).
+    The coder worker serves the hf backend from ``tmp_path / "tiny-lm"``: a test that asks for it writes it there."""
+    reward_port, coder_port = free_port(), free_port()
+    platform_env(auth_enabled="false", reward_warm_children=1, reward_port=reward_port, coder_port=coder_port)
+    start_worker("reward")
+    start_worker("coder", coder_hf_model_path=tmp_path / "tiny-lm")
+    with serve("reward_svc.api:app", reward_port), serve("coder_svc.api:app", coder_port) as url:
+        yield url

@@ -3,7 +3,6 @@ workers for both (the coder worker scores over HTTP), real Redis, SQLite; the te
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -11,26 +10,12 @@ import pytest
 from sqlalchemy import select
 
 from reward_cases import RELU_REFERENCE
-from servers import serve
 from services.clients import CoderClient, RewardClient
-from services.config import Settings
 from services.db.models import Candidate, ModelVersion, Score, Task
 from services.db.session import session_scope
 from services.schemas.coder import KernelRequest, ModelSwitch
 from services.schemas.reward import ScoreOptions
 from tiny_lm import build_lora, build_tiny_lm
-
-
-@pytest.fixture
-def coder_api(platform_env: Callable[..., Settings], start_worker, free_port, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The coder's URL; the reward service listens at the settings' reward URL (what the clients use)."""
-    reward_port, coder_port = free_port(), free_port()
-    platform_env(auth_enabled="false", reward_warm_children=1, reward_port=reward_port, coder_port=coder_port)
-    start_worker("reward")
-    # The hf backend is built only when a job asks for it; the switch test writes the model there first.
-    start_worker("coder", coder_hf_model_path=tmp_path / "tiny-lm")
-    with serve("reward_svc.api:app", reward_port), serve("coder_svc.api:app", coder_port) as url:
-        yield url
 
 
 def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:

@@ -1,0 +1,64 @@
+"""Weight publishing: what a training round produced becomes the version the Coder serves.
+
+The adapter (or, after a full fine-tune, the whole model) is written to the model store under the
+next version's name, ``coder-v{N}``, first into a hidden directory and then renamed into place, so a
+worker that loads it never reads half a checkpoint. The Coder service then records the version
+(``model_versions``) and switches serving to it (``POST /v1/admin/model``); its workers load it at
+their next job, so candidates generated afterwards carry the new version and jobs in flight finish on
+theirs.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from services.schemas.coder import ModelSwitch, ServingModel
+
+VERSION_DIR = re.compile(r"^(?P<role>[a-z]+)-v(?P<number>\d+)$")
+
+
+class Savable(Protocol):
+    def save(self, directory: Path) -> Path: ...
+
+
+def next_version_name(store: Path, role: str) -> str:
+    """``{role}-v{N}``, N one more than the highest in ``store`` (1 in an empty one)."""
+    numbers = [
+        int(match["number"])
+        for path in (store.iterdir() if store.is_dir() else [])
+        if (match := VERSION_DIR.match(path.name)) and match["role"] == role
+    ]
+    return f"{role}-v{max(numbers, default=0) + 1}"
+
+
+def save_version(trained: Savable, store: Path, role: str) -> Path:
+    """Write the trained weights as the next version's directory, whole or not at all."""
+    store.mkdir(parents=True, exist_ok=True)
+    name = next_version_name(store, role)
+    staging = store / f".{name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
+    trained.save(staging)
+    final = store / name
+    staging.rename(final)  # atomic on one file system: a reader sees no version or all of it
+    return final
+
+
+def publish_coder(
+    trained: Savable,
+    store: Path,
+    switch: Callable[[ModelSwitch], ServingModel],
+    *,
+    base_model: Path,
+    adapter: bool,
+) -> ServingModel:
+    """Save the Coder's new version and make it the one served. ``switch`` is the Coder service's
+    ``/v1/admin/model`` (``CoderClient.switch_model``). An adapter is served on ``base_model``; full
+    weights are served as the base model itself."""
+    directory = save_version(trained, store, "coder")
+    if adapter:
+        return switch(ModelSwitch(name=directory.name, base_model=str(base_model), adapter_path=str(directory)))
+    return switch(ModelSwitch(name=directory.name, base_model=str(directory)))
