@@ -5,7 +5,9 @@ Model libraries (transformers, peft, the template's tracer) load only when their
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+import structlog
 
 from coder_svc.drafts import KernelBackend, KernelDraft, KernelGenerator
 from coder_svc.prompts import kernel_messages, system_prompt_for
@@ -13,8 +15,10 @@ from services.config import Settings, get_settings
 from services.llm.chat import ChatModel, Sampling, SwitchableChatModel
 from services.llm.extract import extract_code
 from services.llm.factory import build_chat_model
+from services.llm.openai_chat import ModelBackendError
 
 GeneratorKind = Literal["template", "openai", "hf"]
+log = structlog.get_logger(__name__)
 
 
 class LLMKernelGenerator:
@@ -25,6 +29,7 @@ class LLMKernelGenerator:
         self.settings = settings or get_settings()
         self.name = f"llm:{chat_model.backend}"
         self.thread_safe = chat_model.backend == "openai"  # an HTTP client is; a local model in this process is not
+        self.loaded_adapters: list[str] = []  # oldest first: what ``switch_model`` loaded
 
     def generate(self, module_source: str, backend: KernelBackend, sampling: Sampling) -> list[KernelDraft]:
         messages = kernel_messages(module_source, backend, system_prompt_for(backend, self.settings))
@@ -55,15 +60,25 @@ class LLMKernelGenerator:
         return {"generator": self.name, **self.chat_model.describe()}
 
 
-def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None = None) -> None:
+def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None = None, *, keep: int | None = None) -> None:
     """Serve ``name`` from now on: a LoRA adapter loaded from ``adapter_path`` under that name, or
-    (no path) a model or adapter the backend already serves. The template generator has no model."""
-    chat_model: SwitchableChatModel | None = getattr(generator, "chat_model", None)
-    if chat_model is None:
+    (no path) a model or adapter the backend already serves. The template generator has no model.
+    Of the adapters this generator loaded, the ``keep`` latest stay loaded (the served one among
+    them) and older ones are unloaded (``KZ_CODER_ADAPTERS_KEPT``; None: all stay)."""
+    if not isinstance(generator, LLMKernelGenerator):
         raise ValueError(f"generator {generator.name!r} serves no model to switch")
+    chat_model = cast(SwitchableChatModel, generator.chat_model)  # both LLM backends are
+    loaded = generator.loaded_adapters
     if adapter_path is not None:
         chat_model.load_adapter(name, adapter_path)
+        loaded[:] = [*(n for n in loaded if n != name), name]
     chat_model.use_model(name)
+    while keep is not None and len(loaded) > keep:
+        oldest = loaded.pop(0)
+        try:
+            chat_model.unload_adapter(oldest)
+        except (KeyError, ModelBackendError) as exc:  # another worker sharing the server unloaded it first
+            log.info("coder.adapter_already_unloaded", adapter=oldest, reason=str(exc)[:200])
 
 
 def build_generator(kind: GeneratorKind | None = None, settings: Settings | None = None) -> KernelGenerator:

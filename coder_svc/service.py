@@ -235,5 +235,5 @@ def apply_version(generator: KernelGenerator, kind: ModelBackend, version: Servi
             generator = build_generator(
                 "hf", settings.model_copy(update={"coder_hf_model_path": target, "coder_lora_path": None})
             )
-    switch_model(generator, version.name, version.adapter_path)
+    switch_model(generator, version.name, version.adapter_path, keep=settings.coder_adapters_kept)
     return generator

@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     )
     coder_hf_model_path: Path | None = Field(default=None, description="Local Hugging Face model directory for the hf backend.")
     coder_lora_path: Path | None = Field(default=None, description="LoRA adapter loaded on top of the hf model at start.")
+    coder_adapters_kept: int | None = Field(
+        default=2, ge=1, description="Adapters a worker keeps loaded: the served version and the latest before it (None: all)."
+    )
     coder_request_timeout_s: float = Field(
         default=600.0, gt=0, description="Read timeout of one chat request (long generations)."
     )

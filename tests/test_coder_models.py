@@ -200,6 +200,28 @@ def test_openai_backend_switches_lora_adapters_like_vllm(served: tuple[str, HFCh
     client.close()
 
 
+def test_a_worker_keeps_the_latest_adapters_and_unloads_older_ones(
+    served: tuple[str, HFChatModel], tiny: dict[str, Path]
+) -> None:
+    """Versions published one after another: two workers sharing one server each keep the served
+    adapter and the one before it; the second to unload an old one finds it gone and carries on."""
+    url, _ = served
+    workers = [LLMKernelGenerator(OpenAIChatModel(url, "tiny")) for _ in range(2)]
+    versions = {"coder-v1": tiny["lora_a"], "coder-v2": tiny["lora_b"], "coder-v3": tiny["lora_a"]}
+    for name, path in versions.items():
+        for worker in workers:
+            switch_model(worker, name, str(path), keep=2)
+    listed = {m["id"] for m in workers[0].chat_model.list_models()}  # type: ignore[attr-defined]
+    assert {"coder-v2", "coder-v3"} <= listed and "coder-v1" not in listed
+    assert all(w.loaded_adapters == ["coder-v2", "coder-v3"] for w in workers)
+    assert workers[1].generate(RELU_MODULE, "triton", Sampling(n=1, max_tokens=4, seed=0))[0].model == "coder-v3"
+
+    local = LLMKernelGenerator(HFChatModel(tiny["model"]))
+    for name, path in versions.items():
+        switch_model(local, name, str(path), keep=1)
+    assert local.chat_model.describe()["adapters"] == ["coder-v3"]
+
+
 def test_llm_generator_over_http_records_model_prompt_and_declines(served: tuple[str, HFChatModel]) -> None:
     url, _ = served
     generator = LLMKernelGenerator(OpenAIChatModel(url), Settings(coder_system_prompt_triton="Be brief."))
