@@ -5,9 +5,10 @@ from __future__ import annotations
 import coder_svc
 import proposer_svc
 import reward_svc
+import trainer
 from services.cli.platform import app
 
-for install in (reward_svc.install_cli, proposer_svc.install_cli, coder_svc.install_cli):
+for install in (reward_svc.install_cli, proposer_svc.install_cli, coder_svc.install_cli, trainer.install_cli):
     install(app)
 
 __all__ = ["app"]

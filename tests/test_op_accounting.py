@@ -4,6 +4,9 @@ its poison. The sandboxed verdicts these feed are in test_reward_work.py and tes
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,6 +52,62 @@ def test_index_bookkeeping_from_data_free_factories_is_no_work(bookkeeping) -> N
 )
 def test_data_written_into_a_data_free_tensor_is_work(laundering) -> None:  # type: ignore[no-untyped-def]
     assert work_of(laundering, X)["families"].get("pointwise", 0) >= 8
+
+
+ROWS = torch.randn(32, 64)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "family"),
+    [
+        # a factory handed tensors takes its values from them
+        (lambda x: torch.stack([torch.linspace(x[i, 0], x[i, 1], 2) for i in range(32)]) * 2.0, "pointwise"),
+        (lambda x: torch.stack([torch.logspace(x[i, 0], x[i, 1], 2) for i in range(32)]) * 2.0, "pointwise"),
+        # data ops that accumulate as they place values
+        (lambda x: torch.zeros(32).scatter(0, torch.arange(32).repeat_interleave(64), x.reshape(-1), reduce="add"), "reduction"),
+        (
+            lambda x: torch.ones(32).scatter_(0, torch.arange(32).repeat_interleave(64), x.reshape(-1), reduce="multiply"),
+            "reduction",
+        ),
+        (lambda x: F.fold(x.reshape(-1)[:1056].reshape(1, 33, 32), (1, 64), (1, 33)), "reduction"),  # overlapping patches summed
+        (lambda x: F.embedding_bag(torch.arange(32).repeat(2), x, torch.tensor([0, 32])), "reduction"),
+        # sorting, histograms and norms under other names
+        (lambda x: torch.unique(x, sorted=True), "reduction"),
+        (lambda x: torch.unique_consecutive(x.reshape(-1).sort().values), "reduction"),
+        (lambda x: torch.histogram(torch.arange(32.0).repeat_interleave(64), 32, weight=x.reshape(-1)).hist, "reduction"),
+        (lambda x: F.embedding(torch.arange(32), x.clone(), max_norm=1e-20), "reduction"),
+    ],
+)
+def test_work_hidden_in_factories_and_data_ops_is_counted(hidden, family: str) -> None:  # type: ignore[no-untyped-def]
+    assert work_of(hidden, ROWS)["families"].get(family, 0) >= 64
+
+
+def _attack_module(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "attacks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("fused", "written", "shape"),
+    [
+        (lambda: torch.nn.LSTM(16, 64, batch_first=True), "ref_lstm_written", (8, 12, 16)),
+        (lambda: _attack_module("hack_mha_native_fastpath").ModelNew().mha, "ref_mha", (2, 32, 64)),
+    ],
+    ids=["lstm", "multi-head attention"],
+)
+def test_a_layer_pytorch_runs_as_one_op_weighs_what_it_written_out_does(fused, written: str, shape: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    """Under eval and no_grad, as the harness runs forwards, these layers are one aten op."""
+    x = torch.randn(shape)
+    layer, spelled = fused().eval(), _attack_module(written).Model().eval()
+    with torch.no_grad():
+        one_op = work_of((lambda t: layer(t, t, t)) if isinstance(layer, torch.nn.MultiheadAttention) else layer, x)
+        reference = work_of(spelled, x)
+    assert one_op["families"].keys() == reference["families"].keys()
+    for family, work in reference["families"].items():
+        assert 0.8 * work <= one_op["families"][family] <= 1.25 * work, (family, one_op, reference)
 
 
 def test_a_custom_launch_makes_what_it_was_given_data() -> None:

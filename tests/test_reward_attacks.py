@@ -1,4 +1,4 @@
-"""The second attack on who does the work, kept as files (``tests/attacks/``): each reference with the
+"""The second and third attacks on who does the work, kept as files (``tests/attacks/``): each reference with the
 hacks that once scored ``correct`` and the honest kernels that were once rejected, judged through the
 real sandbox on CPU (Triton interpreter).
 
@@ -8,7 +8,10 @@ did not look: data ops that sum (``index_add``, ``scatter_reduce``), fused contr
 their size (SDPA, ``cdist``, ``bilinear``, ``conv_tbc``), complex products, the reference's families
 emptied into another (a GEMM as matmuls over four terms, softmax's reductions as trees), numbers
 folded into one op (``add(1, x, alpha=0.5)``); or switch the knockout off with an op that refuses its
-poison, or hide behind integer outputs. The honest ones do index bookkeeping, unary or library glue.
+poison, or hide behind integer outputs. The third: data ops that accumulate under another name
+(``scatter(reduce=)``, ``fold``, ``unique``, a weighted ``histogram``), the input laundered through a
+factory handed tensors (``linspace``), whole layers run as one op (the LSTM, attention fast paths).
+The honest ones do index bookkeeping, unary or library glue.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from services.schemas.reward import ScoreOptions
 
 CPU = ScoreOptions(backend="triton", device="cpu", timeout_s=180)
 ATTACKS = Path(__file__).parent / "attacks"
-BLOCKED_SCANS = pytest.mark.xfail(
-    strict=True,
-    reason="known limit (docs/REWARD.md): one full-size PyTorch op combining two tensors after a kernel is as "
-    "much work as a one-op reference (a scan), so the accounting takes it for the reference's",
+BLOCKED_SCANS_REASON = (
+    "known limit (docs/REWARD.md): one full-size PyTorch op combining two tensors after a kernel is as "
+    "much work as a one-op reference (a scan), so the accounting takes it for the reference's"
 )
 
 # reference -> {candidate: the guard it must meet, or "correct"}
@@ -36,8 +38,25 @@ GROUPS = {
         "hack_relu_partial": "kernel_share",
         "honest_relu": "correct",
     },
-    "ref_rowsum": {"hack_rowsum_index_add": "pytorch_fallback", "hack_rowsum_sparse": "forbidden_call"},
-    "ref_matmul": {"hack_matmul_scatter": "pytorch_fallback", "hack_matmul_complex": "pytorch_fallback"},
+    "ref_rowsum": {
+        "hack_rowsum_index_add": "pytorch_fallback",
+        "hack_rowsum_sparse": "forbidden_call",
+        "hack_rowsum_scatter_add": "pytorch_fallback",
+        "hack_rowsum_fold": "pytorch_fallback",
+        "hack_rowsum_histogram": "pytorch_fallback",
+    },
+    "ref_matmul": {
+        "hack_matmul_scatter": "pytorch_fallback",
+        "hack_matmul_complex": "pytorch_fallback",
+        "hack_matmul_linspace_launder": "pytorch_fallback",
+        "hack_matmul_scatter_reduce_kw": "pytorch_fallback",
+    },
+    "ref_softmax_ln": {"hack_softmax_ln_linspace_launder": "pytorch_fallback"},
+    "ref_mha": {"hack_mha_native_fastpath": "pytorch_fallback"},
+    "ref_lstm_written": {"hack_lstm_mkldnn_rnn": "pytorch_fallback"},
+    "ref_l2norm": {"hack_l2norm_embedding_renorm": "pytorch_fallback"},
+    "ref_lstm": {"honest_lstm_input_proj_glue": "correct"},
+    "ref_linear_argmax": {"honest_linear_argmax": "correct"},
     "ref_attn": {"hack_attn_sdpa": "pytorch_fallback", "honest_attn_torch_softmax": "correct"},
     "ref_cdist": {"hack_cdist": "pytorch_fallback"},
     "ref_bilinear": {"hack_bilinear": "pytorch_fallback"},
@@ -53,14 +72,24 @@ GROUPS = {
     "ref_bilinear_module": {"honest_bilinear_mm_kernel": "correct"},
     "ref_layernorm": {"honest_layernorm_var_glue": "correct"},
     "ref_conv_relu": {"honest_conv_epilogue": "correct"},
-    "ref_sort": {"honest_sort_rank_scatter": "correct"},
+    "ref_sort": {"honest_sort_rank_scatter": "correct", "hack_sort_unique": "pytorch_fallback"},
     "ref_masked_cumsum": {"honest_masked_cumsum": "correct"},
     "ref_rmsnorm": {"honest_rmsnorm_glue": "correct"},
     "ref_linear": {"honest_gemm_bias_glue": "correct"},
 }
-KNOWN_LIMITS = {
+KNOWN_LIMITS = {  # each a strict xfail with its reason (docs/REWARD.md, "Limits")
     "ref_cumsum": {"honest_cumsum_blocked_carry": "correct"},
     "ref_cumsum_exclusive": {"honest_cumsum_exclusive_sub": "correct"},
+    "ref_posenc": {"honest_posenc_item_first": "correct", "honest_posenc_item_scale": "correct"},
+    "ref_linear_threshold": {"honest_linear_threshold": "correct"},
+}
+LIMIT_REASONS = {
+    "ref_cumsum": BLOCKED_SCANS_REASON,
+    "ref_cumsum_exclusive": BLOCKED_SCANS_REASON,
+    "ref_posenc": "known limit (docs/REWARD.md): once a value was read into Python (a parameter's .item()), later "
+    "factories may carry data, so index bookkeeping built after it counts as work",
+    "ref_linear_threshold": "known limit (docs/REWARD.md): a boolean output thresholded from a kernel's values changes "
+    "under the knockout's poison only about half the time, so the kernel share reads about 50%",
 }
 
 
@@ -71,7 +100,7 @@ def attack_source(name: str) -> str:
 @pytest.mark.slow  # sandboxed children
 @pytest.mark.parametrize(
     "reference",
-    [*GROUPS, *(pytest.param(name, marks=BLOCKED_SCANS) for name in KNOWN_LIMITS)],
+    [*GROUPS, *(pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=LIMIT_REASONS[name])) for name in KNOWN_LIMITS)],
 )
 def test_second_round_attacks_are_caught_and_honest_glue_passes(evaluator: Evaluator, reference: str) -> None:
     expected = GROUPS.get(reference) or KNOWN_LIMITS[reference]

@@ -289,7 +289,7 @@ def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callab
     runs again once that work ends; one killed alone gets the reason at once. The kill is stood
     for by a SIGKILL the reference sends itself until the held use ends."""
     evaluator = Evaluator(kz_env(reward_warm_children=1))
-    deadline = time.time() + 8
+    deadline = time.time() + 20  # past a child's start on a loaded machine
     reference = RELU_REFERENCE.replace(
         "    def forward(self, x):\n",
         f"    def forward(self, x):\n        import os, signal, time\n        if time.time() < {deadline}:\n"

@@ -259,12 +259,13 @@ HONEST = {  # (reference, candidate)
     ),
     "a Cholesky factor of the kernel's Gram matrix": (
         module(
-            "g = inputs[0] @ inputs[0].T + 0.05 * torch.eye(inputs[0].shape[0])\nreturn torch.linalg.cholesky(g)",
-            "[torch.randn(32, 16)]",
+            # full rank and a ridge: a Cholesky factor of a near-singular matrix amplifies rounding past the tolerance
+            "g = inputs[0] @ inputs[0].T + 1.0 * torch.eye(inputs[0].shape[0])\nreturn torch.linalg.cholesky(g)",
+            "[torch.randn(32, 64)]",
         ),
         kernel_candidate(
             "a = inputs[0].contiguous()\nN, K = a.shape\ng = torch.empty((N, N))\n"
-            "gram_kernel[(triton.cdiv(N, 16), triton.cdiv(N, 16))](a, g, N, K, 0.05, BN=16, BK=16)\n"
+            "gram_kernel[(triton.cdiv(N, 16), triton.cdiv(N, 16))](a, g, N, K, 1.0, BN=16, BK=16)\n"
             "return torch.linalg.cholesky(g)",
             GRAM_KERNEL,
         ),

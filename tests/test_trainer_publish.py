@@ -20,29 +20,26 @@ from trainer.publish import next_version_name, publish_coder, save_version
 pytest.importorskip("peft")
 
 
-class _Crashing:
-    def save(self, directory: Path) -> Path:
-        directory.mkdir(parents=True)
-        (directory / "adapter_config.json").write_text("{}")
-        raise OSError("No space left on device")
+def _crashing(directory: Path) -> None:
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text("{}")
+    raise OSError("No space left on device")
 
 
-class _Saving:
-    def save(self, directory: Path) -> Path:
-        directory.mkdir(parents=True)
-        (directory / "adapter_model.safetensors").write_bytes(b"weights")
-        return directory
+def _saving(directory: Path) -> None:
+    directory.mkdir(parents=True)
+    (directory / "adapter_model.safetensors").write_bytes(b"weights")
 
 
 def test_versions_are_numbered_and_a_failed_save_leaves_none(tmp_path: Path) -> None:
     store = tmp_path / "models"
     assert next_version_name(store, "coder") == "coder-v1"
     with pytest.raises(OSError, match="No space left"):
-        save_version(_Crashing(), store, "coder")
+        save_version(_crashing, store, "coder")
     assert not [p for p in store.iterdir() if not p.name.startswith(".")]  # no version a worker could load half of
-    assert save_version(_Saving(), store, "coder").name == "coder-v1"  # the partial left behind is replaced
+    assert save_version(_saving, store, "coder").name == "coder-v1"  # the partial left behind is replaced
     (store / "proposer-v7").mkdir()
-    assert save_version(_Saving(), store, "coder").name == "coder-v2"
+    assert save_version(_saving, store, "coder").name == "coder-v2"
     assert next_version_name(store, "proposer") == "proposer-v8"
     assert sorted(p.name for p in store.iterdir()) == ["coder-v1", "coder-v2", "proposer-v7"]
 
@@ -65,7 +62,7 @@ def test_a_published_version_serves_the_next_job(coder_api: str, tmp_path: Path)
     )
     with CoderClient(base_url=coder_api) as client:
         adapter = CoderTrainer(CoderRLConfig(model_path=model_dir, bf16=False))
-        published = publish_coder(adapter, store, client.switch_model, base_model=model_dir, adapter=True)
+        published = publish_coder(adapter.save, store, client.switch_model, base_model=model_dir, adapter=True)
         assert published.name == "coder-v1" and published.adapter_path == str(store / "coder-v1")
         assert (store / "coder-v1" / "adapter_config.json").is_file()
         response = client.generate(request)
@@ -74,7 +71,7 @@ def test_a_published_version_serves_the_next_job(coder_api: str, tmp_path: Path)
         assert response.result.candidates[0].model == "coder-v1"
 
         full = CoderTrainer(CoderRLConfig(model_path=model_dir, lora=None, bf16=False))
-        again = publish_coder(full, store, client.switch_model, base_model=model_dir, adapter=False)
+        again = publish_coder(full.save, store, client.switch_model, base_model=model_dir, adapter=False)
         assert again.name == "coder-v2" and again.base_model == str(store / "coder-v2") and again.adapter_path is None
         assert (store / "coder-v2" / "config.json").is_file()
         response = client.generate(request.model_copy(update={"sampling": request.sampling.model_copy(update={"seed": 1})}))

@@ -6,6 +6,9 @@ likelier to write the traces it was shown."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coder_svc import build_generator
 from reward_svc.evaluate import Evaluator
+from services.config import Settings
 from services.llm.hf_local import HFChatModel
 from services.schemas.reward import ScoreOptions
 from tiny_lm import build_tiny_lm
@@ -88,3 +92,36 @@ def test_sft_through_trl_makes_the_traces_likelier(traces: list[Trace], tmp_path
     before = completion_logprob(base, base, rows[0]["prompt"], traces[0].completion)
     after = completion_logprob(out, base, rows[0]["prompt"], traces[0].completion)
     assert after > before + 0.5, (before, after)
+
+
+@pytest.mark.slow  # a kernelzero process: the template's tracer, the sandboxed reward, TRL
+def test_cold_start_command_verifies_trains_and_refuses_a_bad_config(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    kz_env(reward_warm_children=0)
+    model_dir = build_tiny_lm(tmp_path / "tiny")
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    for number, source in enumerate(MODULES[:2], 1):
+        (problems / f"{number}_module.py").write_text(source)
+    user = tmp_path / "user.jsonl"
+    user.write_text(json.dumps({"module": MODULES[0], "completion": WRONG_RELU}) + "\n")
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "kernelzero", "train", "cold-start", "--model-path", str(model_dir), "--out", str(out)]
+    done = subprocess.run(
+        [*command, "--problems", str(problems), "--traces", str(user), "--max-steps", "2", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "line 1: its kernel is not correct" in done.stderr
+    kept = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    assert [t["module"] for t in kept] == MODULES[:2]  # the wrong kernel of the JSONL left out
+    assert (out / "model" / "adapter_config.json").is_file()
+
+    config = tmp_path / "run.yaml"
+    config.write_text("lora:\n  target_modules: [qkv_proj]\n")
+    refused = subprocess.run(
+        [*command, "--problems", str(problems), "--config", str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 1 and "config refused" in refused.stderr and "qkv_proj" in refused.stderr
+    assert "Traceback" not in refused.stderr

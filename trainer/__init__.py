@@ -1,12 +1,13 @@
-"""Trainer: rollout intake, CA-GRPO for the Coder (cold-start SFT, Proposer RL and the alternating
-loop are still to come).
+"""Trainer: rollout intake, cold-start SFT and CA-GRPO for the Coder, weight publishing (Proposer RL
+and the alternating loop are still to come).
 
 Its face, what other packages may import (loaded on first use: see ``services.faces``):
 ``record_coder_job`` (a training generation job's candidates as one rollout group), ``record_group``
 and ``Sample`` (write one scored group of samples for training), ``claim_groups``
 (take whole groups once, with the reasons others were dropped), ``CoderRLConfig``/``LoRAConfig``
 and ``load_config`` (a run's typed configuration), ``CoderTrainer`` (one CA-GRPO step on claimed
-groups, and saving what it trained).
+groups, and saving what it trained), ``publish_coder`` (a trained version saved and served),
+``install_cli`` (``kernelzero train``).
 """
 
 from typing import TYPE_CHECKING
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING
 from services.faces import lazy_face
 
 if TYPE_CHECKING:
+    from trainer.cli import install_cli
     from trainer.coder_rl import CoderTrainer
     from trainer.config import CoderRLConfig, LoRAConfig, load_config
     from trainer.intake import record_coder_job
+    from trainer.publish import publish_coder
     from trainer.rollouts import Sample, claim_groups, record_group
 
 __all__ = [
@@ -25,7 +28,9 @@ __all__ = [
     "LoRAConfig",
     "Sample",
     "claim_groups",
+    "install_cli",
     "load_config",
+    "publish_coder",
     "record_coder_job",
     "record_group",
 ]
@@ -37,7 +42,9 @@ __getattr__ = lazy_face(
         "LoRAConfig": "trainer.config",
         "Sample": "trainer.rollouts",
         "claim_groups": "trainer.rollouts",
+        "install_cli": "trainer.cli",
         "load_config": "trainer.config",
+        "publish_coder": "trainer.publish",
         "record_coder_job": "trainer.intake",
         "record_group": "trainer.rollouts",
     },

@@ -14,15 +14,12 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from services.schemas.coder import ModelSwitch, ServingModel
 
 VERSION_DIR = re.compile(r"^(?P<role>[a-z]+)-v(?P<number>\d+)$")
 
-
-class Savable(Protocol):
-    def save(self, directory: Path) -> Path: ...
+Write = Callable[[Path], object]  # writes the trained weights (and tokenizer) into the directory it is given
 
 
 def next_version_name(store: Path, role: str) -> str:
@@ -35,30 +32,31 @@ def next_version_name(store: Path, role: str) -> str:
     return f"{role}-v{max(numbers, default=0) + 1}"
 
 
-def save_version(trained: Savable, store: Path, role: str) -> Path:
+def save_version(write: Write, store: Path, role: str) -> Path:
     """Write the trained weights as the next version's directory, whole or not at all."""
     store.mkdir(parents=True, exist_ok=True)
     name = next_version_name(store, role)
     staging = store / f".{name}.partial"
     shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-    trained.save(staging)
+    write(staging)
     final = store / name
     staging.rename(final)  # atomic on one file system: a reader sees no version or all of it
     return final
 
 
 def publish_coder(
-    trained: Savable,
+    write: Write,
     store: Path,
     switch: Callable[[ModelSwitch], ServingModel],
     *,
     base_model: Path,
     adapter: bool,
 ) -> ServingModel:
-    """Save the Coder's new version and make it the one served. ``switch`` is the Coder service's
+    """Save the Coder's new version (``write``: ``CoderTrainer.save``, or an SFT run writing its result)
+    and make it the one served. ``switch`` is the Coder service's
     ``/v1/admin/model`` (``CoderClient.switch_model``). An adapter is served on ``base_model``; full
     weights are served as the base model itself."""
-    directory = save_version(trained, store, "coder")
+    directory = save_version(write, store, "coder")
     if adapter:
         return switch(ModelSwitch(name=directory.name, base_model=str(base_model), adapter_path=str(directory)))
     return switch(ModelSwitch(name=directory.name, base_model=str(directory)))

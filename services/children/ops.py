@@ -231,6 +231,10 @@ REDUCTION_OPS = frozenset(
         "renorm",
         "histc",
         "bincount",
+        "histogram",
+        "_histogramdd_from_bin_cts",
+        "_histogramdd_from_bin_tensor",
+        "embedding_renorm",  # each looked-up row's norm, and the rows scaled by it
         "_weight_norm_interface",
         "cosine_similarity",
         "_pdist_forward",
@@ -257,7 +261,6 @@ DATA_OPS = frozenset(
         "tile",
         "repeat_interleave",
         "im2col",
-        "col2im",
         "unfold",
         "constant_pad_nd",
         "reflection_pad1d",
@@ -275,9 +278,6 @@ DATA_OPS = frozenset(
         "upsample_bicubic2d",
         "grid_sampler_2d",
         "grid_sampler_3d",
-        "unique",
-        "_unique2",
-        "unique_dim",
         "diag",
         "tril",
         "triu",
@@ -294,6 +294,12 @@ ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(
 # whatever the sizes, never pointwise work in disguise.
 SCAN_OPS = frozenset(
     {
+        "unique",  # sorted uniques are a sort
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "unique_dim_consecutive",
         "sort",
         "argsort",
         "msort",
@@ -375,7 +381,9 @@ COMPOSITE_WORK = {
     "_native_batch_norm_legit_no_training": {"pointwise": 4},  # running statistics: no reduction
     **dict.fromkeys(("rms_norm", "_fused_rms_norm"), {"reduction": 1, "pointwise": 3}),
     **dict.fromkeys(("var", "std", "var_mean", "std_mean"), {"reduction": 2, "pointwise": 1}),
-    **dict.fromkeys(("norm", "linalg_vector_norm", "frobenius_norm", "dist", "renorm"), {"reduction": 1, "pointwise": 1}),
+    **dict.fromkeys(
+        ("norm", "linalg_vector_norm", "frobenius_norm", "dist", "renorm", "embedding_renorm"), {"reduction": 1, "pointwise": 1}
+    ),
     **dict.fromkeys(("mse_loss", "l1_loss"), {"reduction": 1, "pointwise": 2}),
     **dict.fromkeys(
         ("smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "multi_margin_loss"), {"reduction": 1, "pointwise": 3}
@@ -410,8 +418,22 @@ SMALL_EXTENT = (
 # Data ops that sum, multiply or take extremes as they place values: reductions under a data op's name
 # (a row sum as index_add, a ReLU as scatter_reduce with amax); index_put is one when it accumulates.
 ACCUMULATING_OPS = frozenset(
-    {"scatter_add", "scatter_reduce", "index_add", "index_reduce", "segment_reduce", "_segment_reduce", "put"}
+    {
+        "scatter_add",
+        "scatter_reduce",
+        "index_add",
+        "index_reduce",
+        "segment_reduce",
+        "_segment_reduce",
+        "put",
+        "col2im",  # fold: overlapping patches summed
+        "embedding_bag",
+        "_embedding_bag",
+        "_embedding_bag_forward_only",
+    }
 )
+# ``scatter`` with ``reduce=`` ("add", "multiply"): its overloads say so
+ACCUMULATING_OVERLOADS = frozenset({"reduce", "value_reduce", "reduce_out", "value_reduce_out"})
 ACCUMULATING_WHEN_ASKED = frozenset({"index_put", "_index_put_impl", "put"})
 SPARSE_CONTRACTIONS = frozenset({"_sparse_mm", "_sparse_addmm", "sspaddmm", "hspmm", "_sparse_sparse_matmul", "smm", "spmm"})
 SPARSE_REDUCTIONS = frozenset(
@@ -470,6 +492,37 @@ DATA_FREE_FACTORIES = frozenset(
         "scalar_tensor",
     }
 )
+# Of those, the ones whose tensor argument is a template of shape and dtype only; the others take their
+# values from a tensor they are handed (``linspace(x[0], x[1], 2)``) and are data-free only if it is.
+SHAPE_TEMPLATE_FACTORIES = frozenset({"zeros_like", "new_zeros", "ones_like", "new_ones", "full_like", "new_full"})
+
+
+# Whole layers that PyTorch runs as one op (recurrent layers and cells, the fast paths of
+# ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``): weighed as the layer written out
+# (``_fused_layer_work``).
+FUSED_LAYERS = frozenset(
+    {
+        "lstm",
+        "gru",
+        "rnn_tanh",
+        "rnn_relu",
+        "lstm_cell",
+        "gru_cell",
+        "rnn_tanh_cell",
+        "rnn_relu_cell",
+        "_thnn_fused_lstm_cell",
+        "_thnn_fused_gru_cell",
+        "mkldnn_rnn_layer",
+        "mkldnn_rnn",
+        "_cudnn_rnn",
+        "miopen_rnn",
+        "quantized_lstm",
+        "quantized_gru",
+        "_native_multi_head_attention",
+        "_transformer_encoder_layer_fwd",
+    }
+)
+ATTENTION_LAYERS = {"_native_multi_head_attention": 4, "_transformer_encoder_layer_fwd": 2}  # where num_heads is
 
 
 def is_convolution(name: str) -> bool:
@@ -481,10 +534,12 @@ def is_convolution(name: str) -> bool:
     )
 
 
-def op_family(name: str, accumulate: bool = False) -> str:
+def op_family(name: str, accumulate: bool = False, overload: str = "") -> str:
     """The family of an aten compute op (in-place ``scatter_`` is ``scatter``'s): contraction,
     reduction, data or pointwise."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    if base in DATA_OPS and overload in ACCUMULATING_OVERLOADS:
+        return "reduction"
     if base in REDUCTION_OPS or base in SCAN_OPS or base in ACCUMULATING_OPS or base in SPARSE_REDUCTIONS:
         return "reduction"
     if accumulate and base in ACCUMULATING_WHEN_ASKED:
@@ -507,6 +562,7 @@ def op_work(
     outputs: list[torch.Tensor],
     accumulate: bool = False,
     scalars: int = 0,
+    arguments: Any = (),
 ) -> dict[str, int]:
     """The work one aten compute op did, by family (and, under ``COMBINING``, what of its pointwise work
     folded values together). Contractions, reductions and data ops: the
@@ -520,9 +576,11 @@ def op_work(
     contraction of that result's size. On complex values a product is four real ones, a pointwise
     operation two."""
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-    family = op_family(name, accumulate)
+    family = op_family(name, accumulate, overload)
     work = _op_work(base, family, overload, inputs, outputs, scalars)
-    if base in ATTENTION:
+    if base in FUSED_LAYERS:
+        work = _fused_layer_work(base, inputs, arguments) or work
+    elif base in ATTENTION:
         work = _attention_work(inputs) or work
     elif base in MULTI_FAMILY:
         products = _multiply_adds(base, inputs, max((t.numel() for t in outputs), default=0))
@@ -568,6 +626,36 @@ def _attention_work(inputs: list[torch.Tensor]) -> dict[str, int] | None:
         "contraction": scores * (query.shape[-1] + value.shape[-1]),
         **{family: scores * factor for family, factor in COMPOSITE_WORK["softmax"].items()},
     }
+
+
+def _fused_layer_work(base: str, inputs: list[torch.Tensor], arguments: Any) -> dict[str, int] | None:
+    """A fused layer's work, as the same layer written out weighs: each matrix among its arguments (its
+    weights) applied to every row of its first input (a time step, a token); a recurrent layer's gate
+    arithmetic; attention's scores, their softmax and the weighted values, over every head; a
+    transformer layer's norms, activation and residuals."""
+    if not inputs or inputs[0].dim() < 2:
+        return None
+    weights = [t for t in inputs[1:] if t.dim() == 2]
+    rows = inputs[0].numel() // max(1, inputs[0].shape[-1])
+    if not weights:
+        return None
+    contraction = rows * sum(t.numel() for t in weights)
+    if base not in ATTENTION_LAYERS:  # recurrent: the sum, activation and products of each gate pre-activation
+        return {"contraction": contraction, "pointwise": rows * weights[0].shape[0] * 9 // 2}
+    heads_at = ATTENTION_LAYERS[base]
+    heads = arguments[heads_at] if len(arguments) > heads_at and isinstance(arguments[heads_at], int) else 1
+    width, length = inputs[0].shape[-1], inputs[0].shape[-2]
+    keys = inputs[1].shape[-2] if base == "_native_multi_head_attention" and inputs[1].dim() >= 2 else length
+    scores = rows * keys * heads
+    work = {
+        "contraction": contraction + 2 * rows * keys * width,  # queries by keys, weights by values
+        "pointwise": scores * (COMPOSITE_WORK["softmax"]["pointwise"] + 1),  # and the scale
+        "reduction": scores * COMPOSITE_WORK["softmax"]["reduction"],
+    }
+    if base == "_transformer_encoder_layer_fwd":  # two norms, the activation, two residuals
+        work["pointwise"] += rows * width * 2 * (COMPOSITE_WORK["native_layer_norm"]["pointwise"] + 2)
+        work["reduction"] += rows * width * 2 * COMPOSITE_WORK["native_layer_norm"]["reduction"]
+    return work
 
 
 def _op_work(
@@ -815,7 +903,7 @@ class OpRecorder(TorchDispatchMode):
                 if not data_free:
                     accumulate = bool(kwargs.get("accumulate")) or any(a is True for a in args[2:])
                     scalars = sum(1 for v in pytree.tree_leaves((args, kwargs)) if _is_number(v))
-                    work = op_work(name, func._overloadname, inputs, outputs, accumulate, scalars)
+                    work = op_work(name, func._overloadname, inputs, outputs, accumulate, scalars, args)
                     self.combining += work.pop(COMBINING, 0)
                     self.family_work.update(work)
             if self.provenance_key is not None:
@@ -849,7 +937,10 @@ class OpRecorder(TorchDispatchMode):
         data_free = (
             not self.escaped
             and not self.launch_depth
-            and (name in DATA_FREE_FACTORIES or (bool(inputs) and self._all_data_free(inputs)))
+            and (
+                (name in DATA_FREE_FACTORIES and (name in SHAPE_TEMPLATE_FACTORIES or self._all_data_free(inputs)))
+                or (bool(inputs) and self._all_data_free(inputs))
+            )
         )
         for t in (*outputs, *_written_arguments(func, args, kwargs)):
             if data_free:

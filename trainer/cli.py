@@ -1,0 +1,99 @@
+"""The trainer's commands: ``kernelzero train cold-start`` (traces verified, SFT, optionally served)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from services.config import get_settings
+
+train_app = typer.Typer(help="Trainer: cold-start SFT of the Coder.", no_args_is_help=True)
+console = Console(stderr=True)
+DeviceOption = Literal["auto", "cpu", "cuda"]
+
+
+@train_app.command("cold-start")
+def cold_start(
+    model_path: Path = typer.Option(..., "--model-path", help="Local Hugging Face model directory of the Coder's base model."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Run directory: traces.jsonl, and model/ unless published."),
+    problems: Path | None = typer.Option(
+        None, "--problems", exists=True, file_okay=False, help="KernelBench tree or folder: the template teacher's modules."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="First N problems of each level."),
+    traces: Path | None = typer.Option(
+        None, "--traces", exists=True, dir_okay=False, help="A JSONL of traces (module, completion[, backend])."
+    ),
+    config: Path | None = typer.Option(None, "--config", exists=True, dir_okay=False, help="ColdStartConfig as YAML or JSON."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
+    device: DeviceOption = typer.Option("auto", "--device", help="Where the traces' kernels are verified."),
+    timeout: float = typer.Option(180.0, "--timeout", help="Wall-clock limit of each verification child, seconds."),
+    publish: bool = typer.Option(
+        False, "--publish", help="Save the result as the next coder-v{N} in the model store and serve it (Coder service)."
+    ),
+) -> None:
+    """Verify traces from the template teacher (--problems) and a JSONL (--traces), keep the correct
+    ones once each, and fine-tune the Coder on them (TRL's SFTTrainer, loss on the completion)."""
+    from coder_svc import build_generator, discover
+    from reward_svc import Evaluator
+    from services.schemas.reward import ScoreOptions
+    from trainer.config import ColdStartConfig, ConfigError, load_config
+    from trainer.sft import Trace, collect, deduplicate, read_jsonl, train, verifier, write_jsonl
+
+    if problems is None and traces is None:
+        raise typer.BadParameter("give --problems, --traces or both: there is nothing to train on", param_hint="--problems")
+    try:
+        run = load_config(ColdStartConfig, config, {"model_path": model_path, "max_steps": max_steps})
+        run.check()
+    except ConfigError as exc:
+        console.print(f"[red]config refused:[/] {exc}")
+        raise typer.Exit(1) from None
+    settings = get_settings()
+    options = ScoreOptions(backend="triton", device=device, timeout_s=timeout)
+    found: list[Trace] = []
+    evaluator = Evaluator(settings)
+    try:
+        verify = verifier(evaluator)
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
+            if problems is not None:
+                modules = [p.path.read_text() for p in discover(problems, None, limit)]
+                found += collect(modules, build_generator("template", settings), verify, options, progress=progress)
+        if traces is not None:
+            read, refused = read_jsonl(traces, verify, options)
+            found += read
+            for reason in refused:
+                console.print(f"[yellow]{traces.name}[/] {reason}")
+    finally:
+        evaluator.close()
+    kept = deduplicate(found)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(kept, out / "traces.jsonl")
+    console.print(f"{len(kept)} verified traces ({len(found) - len(kept)} duplicates left out) in {out / 'traces.jsonl'}")
+    if not kept:
+        console.print("[red]no verified trace to train on[/]")
+        raise typer.Exit(1)
+    if publish:
+        from services.clients import CoderClient
+        from trainer.publish import publish_coder
+
+        with CoderClient() as client:
+            served = publish_coder(
+                lambda directory: train(kept, run, directory),
+                settings.data_dir / "models",
+                client.switch_model,
+                base_model=run.model_path,
+                adapter=run.lora is not None,
+            )
+        console.print(f"serving {served.name} (version {served.id}) from {served.adapter_path or served.base_model}")
+    else:
+        console.print(f"trained model in {train(kept, run, out / 'model')}")
+
+
+def install_cli(app: typer.Typer) -> None:
+    """The trainer's commands on the platform's ``kernelzero`` command."""
+    app.add_typer(train_app, name="train")
