@@ -77,7 +77,11 @@ def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None
         oldest = loaded.pop(0)
         try:
             chat_model.unload_adapter(oldest)
-        except (KeyError, ModelBackendError) as exc:  # another worker sharing the server unloaded it first
+        except KeyError:  # not loaded here
+            pass
+        except ModelBackendError as exc:
+            if exc.status not in (400, 404):  # not "already gone" (another worker sharing the server unloaded it)
+                raise
             log.info("coder.adapter_already_unloaded", adapter=oldest, reason=str(exc)[:200])
 
 

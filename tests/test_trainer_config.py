@@ -10,8 +10,6 @@ import pytest
 from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig, ColdStartConfig, ConfigError, LoRAConfig, load_config
 
-pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -44,6 +42,12 @@ def test_invalid_settings_are_refused_with_the_field_and_reason(
     with pytest.raises(ConfigError) as caught:
         load_config(CoderRLConfig, None, {"model_path": model_dir, **settings})
     assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("steps", "reason"), [(0, "max_steps must be -1"), (-5, "greater than or equal to -1")])
+def test_a_cold_start_that_would_not_stop_as_asked_is_refused(model_dir: Path, steps: int, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        load_config(ColdStartConfig, None, {"model_path": model_dir, "max_steps": steps})
 
 
 def test_a_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:

@@ -17,8 +17,6 @@ from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig
 from trainer.publish import next_version_name, publish_coder, save_version
 
-pytest.importorskip("peft")
-
 
 def _crashing(directory: Path) -> None:
     directory.mkdir(parents=True)
@@ -36,12 +34,24 @@ def test_versions_are_numbered_and_a_failed_save_leaves_none(tmp_path: Path) -> 
     assert next_version_name(store, "coder") == "coder-v1"
     with pytest.raises(OSError, match="No space left"):
         save_version(_crashing, store, "coder")
-    assert not [p for p in store.iterdir() if not p.name.startswith(".")]  # no version a worker could load half of
-    assert save_version(_saving, store, "coder").name == "coder-v1"  # the partial left behind is replaced
+    assert list(store.iterdir()) == []  # nothing a worker could load half of, no staging left behind
+    assert save_version(_saving, store, "coder").name == "coder-v1"
     (store / "proposer-v7").mkdir()
     assert save_version(_saving, store, "coder").name == "coder-v2"
     assert next_version_name(store, "proposer") == "proposer-v8"
     assert sorted(p.name for p in store.iterdir()) == ["coder-v1", "coder-v2", "proposer-v7"]
+
+
+def test_a_publisher_that_took_the_next_number_meanwhile_is_not_overwritten(tmp_path: Path) -> None:
+    store = tmp_path / "models"
+
+    def slow_write(directory: Path) -> None:  # another run publishes while this one writes
+        _saving(directory)
+        save_version(_saving, store, "coder")
+
+    assert save_version(slow_write, store, "coder").name == "coder-v2"
+    assert sorted(p.name for p in store.iterdir()) == ["coder-v1", "coder-v2"]
+    assert all((store / name / "adapter_model.safetensors").is_file() for name in ("coder-v1", "coder-v2"))
 
 
 @pytest.mark.slow  # a coder and a reward service with their workers, a tiny model

@@ -63,13 +63,12 @@ def test_a_users_jsonl_keeps_only_what_verifies_and_says_why(
         f.write(json.dumps({"module": MODULES[0], "completion": WRONG_RELU}) + "\n")
         f.write(json.dumps({"module": MODULES[0], "completion": "I would fuse it."}) + "\n")
         f.write("not json\n\n")
+        f.write(json.dumps({"module": MODULES[0], "completion": traces[0].completion, "backend": "metal"}) + "\n")
     kept, refused = read_jsonl(path, verifier(shared_evaluator), CPU)
     assert [t.completion for t in kept] == [traces[0].completion] and kept[0].origin == "jsonl"
-    assert refused == [
-        "line 2: its kernel is not correct",
-        "line 3: the completion holds no program defining ModelNew",
-        refused[2],
-    ] and refused[2].startswith("line 4: not a trace (JSONDecodeError")
+    assert refused[:2] == ["line 2: its kernel is not correct", "line 3: the completion holds no program defining ModelNew"]
+    assert refused[2].startswith("line 4: not a trace (JSONDecodeError")
+    assert refused[3] == "line 6: not a trace (ValueError: backend 'metal' is not one of cuda, triton)" and len(refused) == 4
 
 
 def completion_logprob(model_dir: Path, base: Path, prompt: str, completion: str) -> float:

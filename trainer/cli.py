@@ -51,6 +51,13 @@ def cold_start(
     except ConfigError as exc:
         console.print(f"[red]config refused:[/] {exc}")
         raise typer.Exit(1) from None
+    if publish and run.lora is None:
+        from services.clients import CoderClient
+
+        with CoderClient() as client:
+            if client.serving_model().backend == "openai":  # checked now, not after the training
+                console.print("[red]full weights cannot be published to vLLM at runtime: train a LoRA adapter (lora:)[/]")
+                raise typer.Exit(1)
     settings = get_settings()
     options = ScoreOptions(backend="triton", device=device, timeout_s=timeout)
     found: list[Trace] = []

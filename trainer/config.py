@@ -89,12 +89,18 @@ class ColdStartConfig(BaseModel):
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
     learning_rate: float = Field(2e-5, gt=0, le=1, description="Peak learning rate.")
     epochs: float = Field(2.0, gt=0, description="Passes over the traces.")
-    max_steps: int = Field(-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
+    max_steps: int = Field(-1, ge=-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
     batch_size: int = Field(4, ge=1, description="Traces per device per forward/backward pass.")
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_length: int = Field(8192, ge=16, description="Prompt and completion tokens kept per trace (longer ones are cut).")
     bf16: bool | None = Field(None, description="bf16; None: on where a GPU is.")
     seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _steps(self) -> ColdStartConfig:
+        if self.max_steps == 0:
+            raise ValueError("max_steps must be -1 (the epochs decide) or at least 1, not 0")
+        return self
 
     def check(self) -> None:
         check_model(self.model_path, self.lora)

@@ -2,7 +2,8 @@
 
 The adapter (or, after a full fine-tune, the whole model) is written to the model store under the
 next version's name, ``coder-v{N}``, first into a hidden directory and then renamed into place, so a
-worker that loads it never reads half a checkpoint. The Coder service then records the version
+worker that loads it never reads half a checkpoint. Full weights are served by the ``hf`` backend;
+with vLLM (the ``openai`` backend) publish an adapter, which it loads at runtime. The Coder service then records the version
 (``model_versions``) and switches serving to it (``POST /v1/admin/model``); its workers load it at
 their next job, so candidates generated afterwards carry the new version and jobs in flight finish on
 theirs.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,15 +35,24 @@ def next_version_name(store: Path, role: str) -> str:
 
 
 def save_version(write: Write, store: Path, role: str) -> Path:
-    """Write the trained weights as the next version's directory, whole or not at all."""
+    """Write the trained weights as the next version's directory, whole or not at all: into a staging
+    directory of this call's own (removed if ``write`` fails), then under the first free number, the
+    name reserved by an exclusive ``mkdir`` (two publishers never take one) and the staging directory
+    renamed over that empty reservation."""
     store.mkdir(parents=True, exist_ok=True)
-    name = next_version_name(store, role)
-    staging = store / f".{name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-    write(staging)
-    final = store / name
-    staging.rename(final)  # atomic on one file system: a reader sees no version or all of it
-    return final
+    staging = store / f".{role}-staging-{uuid.uuid4().hex}"
+    try:
+        write(staging)
+        while True:
+            final = store / next_version_name(store, role)
+            try:
+                final.mkdir()
+            except FileExistsError:  # another publisher took the number first
+                continue
+            staging.rename(final)  # over the empty directory just made: atomic on one file system
+            return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def publish_coder(

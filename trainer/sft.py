@@ -15,9 +15,9 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from rich.progress import Progress
 
 from coder_svc import KernelBackend, KernelDraft, KernelGenerator, kernel_messages, system_prompt_for
@@ -114,17 +114,19 @@ def read_jsonl(path: Path, verify: Verify, options: ScoreOptions) -> tuple[list[
         try:
             data = json.loads(line)
             module, completion = str(data["module"]), str(data["completion"])
-            backend: KernelBackend = data.get("backend", "triton")
+            backend = data.get("backend", "triton")
+            if backend not in get_args(KernelBackend):
+                raise ValueError(f"backend {backend!r} is not one of {', '.join(get_args(KernelBackend))}")
             trace = Trace(
                 module=module, backend=backend, messages=_messages(module, backend), completion=completion, origin="jsonl"
             )
-        except (json.JSONDecodeError, KeyError, TypeError, ValidationError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # ValidationError is a ValueError
             refused.append(f"line {number}: not a trace ({type(exc).__name__}: {str(exc)[:120]})")
             continue
         source = extract_code(completion)
         if source is None:
             refused.append(f"line {number}: the completion holds no program defining ModelNew")
-        elif not verify(module, [source], options)[0]:
+        elif not verify(module, [source], options.model_copy(update={"backend": backend}))[0]:
             refused.append(f"line {number}: its kernel is not correct")
         else:
             traces.append(trace)

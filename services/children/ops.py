@@ -12,7 +12,7 @@ import contextlib
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict
 
 import torch
@@ -233,7 +233,7 @@ REDUCTION_OPS = frozenset(
         "bincount",
         "histogram",
         "_histogramdd_from_bin_cts",
-        "_histogramdd_from_bin_tensor",
+        "_histogramdd_from_bin_tensors",
         "embedding_renorm",  # each looked-up row's norm, and the rows scaled by it
         "_weight_norm_interface",
         "cosine_similarity",
@@ -427,9 +427,6 @@ ACCUMULATING_OPS = frozenset(
         "_segment_reduce",
         "put",
         "col2im",  # fold: overlapping patches summed
-        "embedding_bag",
-        "_embedding_bag",
-        "_embedding_bag_forward_only",
     }
 )
 # ``scatter`` with ``reduce=`` ("add", "multiply"): its overloads say so
@@ -500,28 +497,13 @@ SHAPE_TEMPLATE_FACTORIES = frozenset({"zeros_like", "new_zeros", "ones_like", "n
 # Whole layers that PyTorch runs as one op (recurrent layers and cells, the fast paths of
 # ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``): weighed as the layer written out
 # (``_fused_layer_work``).
-FUSED_LAYERS = frozenset(
-    {
-        "lstm",
-        "gru",
-        "rnn_tanh",
-        "rnn_relu",
-        "lstm_cell",
-        "gru_cell",
-        "rnn_tanh_cell",
-        "rnn_relu_cell",
-        "_thnn_fused_lstm_cell",
-        "_thnn_fused_gru_cell",
-        "mkldnn_rnn_layer",
-        "mkldnn_rnn",
-        "_cudnn_rnn",
-        "miopen_rnn",
-        "quantized_lstm",
-        "quantized_gru",
-        "_native_multi_head_attention",
-        "_transformer_encoder_layer_fwd",
-    }
-)
+FUSED_LAYERS = {  # op -> the positions of its weight matrices (a list of them, for cuDNN's and MIOpen's)
+    "mkldnn_rnn_layer": (1, 2),
+    "_cudnn_rnn": (1,),
+    "miopen_rnn": (1,),
+    "_native_multi_head_attention": (5, 7),
+    "_transformer_encoder_layer_fwd": (3, 5, 14, 16),
+}
 ATTENTION_LAYERS = {"_native_multi_head_attention": 4, "_transformer_encoder_layer_fwd": 2}  # where num_heads is
 
 
@@ -562,7 +544,7 @@ def op_work(
     outputs: list[torch.Tensor],
     accumulate: bool = False,
     scalars: int = 0,
-    arguments: Any = (),
+    arguments: Sequence[object] = (),
 ) -> dict[str, int]:
     """The work one aten compute op did, by family (and, under ``COMBINING``, what of its pointwise work
     folded values together). Contractions, reductions and data ops: the
@@ -628,22 +610,27 @@ def _attention_work(inputs: list[torch.Tensor]) -> dict[str, int] | None:
     }
 
 
-def _fused_layer_work(base: str, inputs: list[torch.Tensor], arguments: Any) -> dict[str, int] | None:
-    """A fused layer's work, as the same layer written out weighs: each matrix among its arguments (its
-    weights) applied to every row of its first input (a time step, a token); a recurrent layer's gate
-    arithmetic; attention's scores, their softmax and the weighted values, over every head; a
-    transformer layer's norms, activation and residuals."""
-    if not inputs or inputs[0].dim() < 2:
+def _fused_layer_work(base: str, inputs: list[torch.Tensor], arguments: Sequence[object]) -> dict[str, int] | None:
+    """A fused layer's work, as the same layer written out weighs: its weight matrices (found by their
+    argument positions, not by shape: states and masks are matrices too) applied to every row of its
+    first input (a time step, a token); a recurrent layer's gate arithmetic; attention's scores, their
+    softmax and the weighted values, over every head; a transformer layer's norms, feed-forward
+    activation and residuals."""
+    weights: list[torch.Tensor] = []
+    for position in FUSED_LAYERS[base]:
+        value = arguments[position] if len(arguments) > position else None
+        for t in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(t, torch.Tensor) and t.dim() == 2:
+                weights.append(t)
+    if not inputs or inputs[0].dim() < 2 or not weights:
         return None
-    weights = [t for t in inputs[1:] if t.dim() == 2]
     rows = inputs[0].numel() // max(1, inputs[0].shape[-1])
-    if not weights:
-        return None
     contraction = rows * sum(t.numel() for t in weights)
     if base not in ATTENTION_LAYERS:  # recurrent: the sum, activation and products of each gate pre-activation
         return {"contraction": contraction, "pointwise": rows * weights[0].shape[0] * 9 // 2}
     heads_at = ATTENTION_LAYERS[base]
-    heads = arguments[heads_at] if len(arguments) > heads_at and isinstance(arguments[heads_at], int) else 1
+    given = arguments[heads_at] if len(arguments) > heads_at else None
+    heads = given if isinstance(given, int) else 1
     width, length = inputs[0].shape[-1], inputs[0].shape[-2]
     keys = inputs[1].shape[-2] if base == "_native_multi_head_attention" and inputs[1].dim() >= 2 else length
     scores = rows * keys * heads
@@ -652,8 +639,9 @@ def _fused_layer_work(base: str, inputs: list[torch.Tensor], arguments: Any) -> 
         "pointwise": scores * (COMPOSITE_WORK["softmax"]["pointwise"] + 1),  # and the scale
         "reduction": scores * COMPOSITE_WORK["softmax"]["reduction"],
     }
-    if base == "_transformer_encoder_layer_fwd":  # two norms, the activation, two residuals
-        work["pointwise"] += rows * width * 2 * (COMPOSITE_WORK["native_layer_norm"]["pointwise"] + 2)
+    if base == "_transformer_encoder_layer_fwd":  # two norms and two residuals over the width, the activation
+        feed_forward = weights[2].shape[0] if len(weights) > 2 else width
+        work["pointwise"] += rows * (width * 2 * (COMPOSITE_WORK["native_layer_norm"]["pointwise"] + 1) + feed_forward)
         work["reduction"] += rows * width * 2 * COMPOSITE_WORK["native_layer_norm"]["reduction"]
     return work
 
@@ -934,15 +922,17 @@ class OpRecorder(TorchDispatchMode):
     ) -> bool:
         """Whether this op's results hold values no input's data decided, noting their storages either
         way (with the arguments it wrote into: an index written with the input's values is data)."""
+        written = _written_arguments(func, args, kwargs)
+        sources = [t for t in inputs if not any(t is w for w in written)]  # an out= buffer gives no values
         data_free = (
             not self.escaped
             and not self.launch_depth
             and (
-                (name in DATA_FREE_FACTORIES and (name in SHAPE_TEMPLATE_FACTORIES or self._all_data_free(inputs)))
+                (name in DATA_FREE_FACTORIES and (name in SHAPE_TEMPLATE_FACTORIES or self._all_data_free(sources)))
                 or (bool(inputs) and self._all_data_free(inputs))
             )
         )
-        for t in (*outputs, *_written_arguments(func, args, kwargs)):
+        for t in (*outputs, *written):
             if data_free:
                 self.data_free[tensors.storage_id(t)] = t
             else:
