@@ -6,6 +6,7 @@ likelier to write the traces it was shown."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,3 +125,12 @@ def test_cold_start_command_verifies_trains_and_refuses_a_bad_config(kz_env: Cal
     )
     assert refused.returncode == 1 and "config refused" in refused.stderr and "qkv_proj" in refused.stderr
     assert "Traceback" not in refused.stderr
+    unpublished = subprocess.run(  # no Coder service answers here: refused before any work
+        [*command, "--problems", str(problems), "--publish"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KZ_CODER_PORT": "1"},
+    )
+    assert unpublished.returncode == 1 and "--publish needs the Coder service" in unpublished.stderr, unpublished.stderr[-2000:]
+    assert "Traceback" not in unpublished.stderr

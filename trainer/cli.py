@@ -41,7 +41,7 @@ def cold_start(
     from reward_svc import Evaluator
     from services.schemas.reward import ScoreOptions
     from trainer.config import ColdStartConfig, ConfigError, load_config
-    from trainer.sft import Trace, collect, deduplicate, read_jsonl, train, verifier, write_jsonl
+    from trainer.sft import gather, train, verifier, write_jsonl
 
     if problems is None and traces is None:
         raise typer.BadParameter("give --problems, --traces or both: there is nothing to train on", param_hint="--problems")
@@ -51,36 +51,40 @@ def cold_start(
     except ConfigError as exc:
         console.print(f"[red]config refused:[/] {exc}")
         raise typer.Exit(1) from None
-    if publish and run.lora is None:
-        from services.clients import CoderClient
+    if publish:  # the Coder service is asked now, not after hours of training
+        from services.clients import CoderClient, ServiceError, ServiceUnreachable
 
-        with CoderClient() as client:
-            if client.serving_model().backend == "openai":  # checked now, not after the training
-                console.print("[red]full weights cannot be published to vLLM at runtime: train a LoRA adapter (lora:)[/]")
-                raise typer.Exit(1)
+        try:
+            with CoderClient() as client:
+                backend = client.serving_model().backend
+        except (ServiceError, ServiceUnreachable) as exc:
+            console.print(f"[red]--publish needs the Coder service:[/] {exc}")
+            raise typer.Exit(1) from None
+        if backend == "openai" and run.lora is None:
+            console.print("[red]full weights cannot be published to vLLM at runtime: train a LoRA adapter (lora:)[/]")
+            raise typer.Exit(1)
     settings = get_settings()
-    options = ScoreOptions(backend="triton", device=device, timeout_s=timeout)
-    found: list[Trace] = []
+    modules = [p.path.read_text() for p in discover(problems, None, limit)] if problems is not None else []
     evaluator = Evaluator(settings)
     try:
-        verify = verifier(evaluator)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as progress:
-            if problems is not None:
-                modules = [p.path.read_text() for p in discover(problems, None, limit)]
-                found += collect(modules, build_generator("template", settings), verify, options, progress=progress)
-        if traces is not None:
-            read, refused = read_jsonl(traces, verify, options)
-            found += read
-            for reason in refused:
-                console.print(f"[yellow]{traces.name}[/] {reason}")
+            gathered = gather(
+                modules,
+                traces,
+                build_generator("template", settings),
+                verifier(evaluator),
+                ScoreOptions(backend="triton", device=device, timeout_s=timeout),
+                progress=progress,
+            )
     finally:
         evaluator.close()
-    kept = deduplicate(found)
-    out.mkdir(parents=True, exist_ok=True)
+    for reason in gathered.refused:
+        console.print(f"[yellow]{traces.name if traces else ''}[/] {reason}")
+    kept = gathered.traces
     write_jsonl(kept, out / "traces.jsonl")
-    console.print(f"{len(kept)} verified traces ({len(found) - len(kept)} duplicates left out) in {out / 'traces.jsonl'}")
+    console.print(f"{len(kept)} verified traces ({gathered.duplicates} duplicates left out) in {out / 'traces.jsonl'}")
     if not kept:
         console.print("[red]no verified trace to train on[/]")
         raise typer.Exit(1)

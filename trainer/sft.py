@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -146,6 +147,35 @@ def write_jsonl(traces: Iterable[Trace], path: Path) -> None:
     path.write_text(
         "".join(json.dumps({"module": t.module, "backend": t.backend, "completion": t.completion}) + "\n" for t in traces)
     )
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The traces kept for training, the JSONL lines left out (with why) and how many were duplicates."""
+
+    traces: list[Trace]
+    refused: list[str]
+    duplicates: int
+
+
+def gather(
+    modules: Iterable[str],
+    jsonl: Path | None,
+    generator: KernelGenerator,
+    verify: Verify,
+    options: ScoreOptions,
+    *,
+    progress: Progress | None = None,
+) -> Gathered:
+    """The teacher's verified traces on ``modules``, then a user's verified ones, each (module, code)
+    once: what ``kernelzero train cold-start`` trains on."""
+    found = collect(modules, generator, verify, options, progress=progress)
+    refused: list[str] = []
+    if jsonl is not None:
+        read, refused = read_jsonl(jsonl, verify, options)
+        found += read
+    kept = deduplicate(found)
+    return Gathered(kept, refused, len(found) - len(kept))
 
 
 def _messages(module: str, backend: KernelBackend) -> list[Message]:
