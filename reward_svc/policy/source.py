@@ -183,6 +183,15 @@ DENIED_OBJECTS: dict[Guard, tuple[str, ...]] = {
         "torch.sparse_bsc_tensor",
         "torch.sparse_compressed_tensor",
         "torch.sparse",
+        # FBGEMM's GEMMs run inside one composite op that calls the library directly: no aten op the
+        # recorder sees does the work (torch.fbgemm_linear_fp16_weight_fp32_activation is a whole matmul)
+        "torch.fbgemm_linear_fp16_weight",
+        "torch.fbgemm_linear_fp16_weight_fp32_activation",
+        "torch.fbgemm_linear_int8_weight",
+        "torch.fbgemm_linear_int8_weight_fp32_activation",
+        "torch.fbgemm_linear_quantize_weight",
+        "torch.fbgemm_pack_gemm_matrix_fp16",
+        "torch.fbgemm_pack_quantized_matrix",
         # attribute access by a string (getattr by another name), and the evaluators of string
         # annotations with the types that carry unchecked strings into them
         "operator.attrgetter",
@@ -354,6 +363,8 @@ VALUE_ATTRIBUTES_DENIED = frozenset(
         # its own dispatch rule (it would see the harness's recorder)
         "register_kernel",
         "register_torch_dispatch",
+        # a tensor in oneDNN's layout: its ops (mkldnn_linear, its pools) are not PyTorch's dense ones
+        "to_mkldnn",
         # a tensor made sparse (see the sparse constructors)
         "to_sparse",
         "to_sparse_coo",
@@ -1062,6 +1073,8 @@ def _denied_attribute_reason(attr: str) -> str:
         return "tensor data computed on the host is invisible to the judge; a kernel reads and writes tensors"
     if attr in ("tofile", "fromfile", "from_file", "dump", "dumps", "share_memory_", "share_memory", "ctypes"):
         return "a kernel reads and writes no files or raw memory"
+    if attr.startswith(("to_sparse", "to_mkldnn")) or attr == "sparse_mask":
+        return "a tensor in another layout runs ops whose work the judge does not count"
     return "it leads to frames, code or importers, which are the harness's"
 
 

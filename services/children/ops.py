@@ -95,6 +95,8 @@ ATEN_NAMESPACES = frozenset({"aten", "prims"})
 # across these kinds, so the accounting compares work per family, not per name.
 CONTRACTION_OPS = frozenset(
     {
+        "mkldnn_linear",  # F.linear on oneDNN tensors
+        "_addmm_activation",
         "mm",
         "bmm",
         "addmm",
@@ -230,6 +232,10 @@ REDUCTION_OPS = frozenset(
         "dist",
         "renorm",
         "histc",
+        "mkldnn_max_pool2d",
+        "mkldnn_max_pool3d",
+        "mkldnn_adaptive_avg_pool2d",
+        "_masked_softmax",
         "bincount",
         "histogram",
         "_histogramdd_from_bin_cts",
@@ -294,6 +300,13 @@ ELEMENTWISE_OVERLOADS = frozenset({"other", "binary_out"})  # max(a, b) and min(
 # whatever the sizes, never pointwise work in disguise.
 SCAN_OPS = frozenset(
     {
+        # reductions whose results can be made as large as their input (the dynamic program's table, a
+        # resize that also grows the other dimension), so no result size may turn them into pointwise work
+        "_ctc_loss",
+        "ctc_loss",
+        "_upsample_bilinear2d_aa",
+        "_upsample_bicubic2d_aa",
+        "_upsample_lanczos2d_aa",
         "unique",  # sorted uniques are a sort
         "_unique",
         "_unique2",
