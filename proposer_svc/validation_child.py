@@ -132,29 +132,13 @@ def _constant_reason(outputs: list[torch.Tensor], rtol: float) -> str | None:
         if t.is_floating_point() and spread < rtol:
             return f"output {k} is near-constant: its values span {spread:.2e} of their magnitude (< {rtol:g})"
         if t.is_floating_point():
-            blind = _constant_within_tolerance(t, lo, hi)
+            tol = tensors.default_tolerance(t.dtype)  # a softmax over 262,144 values: every one within atol of 0
+            blind = tensors.constant_within_tolerance(t.detach(), tol, tol, (0.0, (lo + hi) / 2))
             if blind is not None:
                 return (
                     f"a constant {blind:.6g} is within the reward's tolerance of every one of the {t.numel()} values of "
                     f"output {k} (they span {lo:.3g} to {hi:.3g}): a wrong kernel could not be told from a right one"
                 )
-    return None
-
-
-CHUNK = 1 << 20
-
-
-def _constant_within_tolerance(t: torch.Tensor, lo: float, hi: float) -> float | None:
-    """A constant (zero, or the middle of the range) that the reward's allclose would take for ``t``:
-    such a task cannot tell a right kernel from a wrong one (a softmax over 262,144 values)."""
-    tol = tensors.DEFAULT_TOLERANCE.get(t.dtype, 1e-4)
-    flat = t.detach().reshape(-1)
-    for constant in (0.0, (lo + hi) / 2):
-        if all(  # a slice at a time: a level-1 output is gigabytes, and this child has a memory limit
-            bool(((part - constant).abs() <= tol + tol * part.abs()).all())
-            for part in (flat[i : i + CHUNK].double() for i in range(0, flat.numel(), CHUNK))
-        ):
-            return constant
     return None
 
 

@@ -75,7 +75,7 @@ class Tolerance:
     rtol: float | None = None
 
     def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
-        default = tensors.DEFAULT_TOLERANCE.get(dtype, 1e-4)
+        default = tensors.default_tolerance(dtype)
         return (self.atol if self.atol is not None else default, self.rtol if self.rtol is not None else default)
 
 
@@ -730,16 +730,8 @@ def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Whether allclose at this tolerance would accept a constant (or zeros) for ``ref``."""
     if ref.numel() < 2:
         return False
-    compute = torch.promote_types(ref.dtype, torch.float32)
-    level = float(ref.mean(dtype=compute))
-
-    def close_to(value: float) -> bool:
-        return all(
-            bool(torch.isclose(torch.full_like(part, value, dtype=compute), part.to(compute), atol=atol, rtol=rtol).all())
-            for (part,) in tensors.slices(ref)
-        )
-
-    return close_to(level) or close_to(0.0)
+    level = float(ref.mean(dtype=torch.promote_types(ref.dtype, torch.float32)))
+    return tensors.constant_within_tolerance(ref, atol, rtol, (level, 0.0)) is not None
 
 
 def _reproduces_structure(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, noise: float) -> tuple[bool, str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import CoderRLConfig
+from trainer.config import CoderRLConfig, bf16_enabled
 from trainer.loss import completion_logps, policy_loss
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
@@ -65,24 +65,13 @@ class CoderTrainer:
 
         self.config = config
         torch.manual_seed(config.seed)
-        bf16 = config.bf16 if config.bf16 is not None else torch.cuda.is_available()
-        self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16 else "no")
+        self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16_enabled(config.bf16) else "no")
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(config.model_path)
         if config.lora is not None:
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            lora = config.lora
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=lora.r,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=lora.target_modules,
-                    task_type="CAUSAL_LM",
-                ),
-            )
+            model = get_peft_model(model, config.lora.to_peft())
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
         scheduler = get_scheduler(

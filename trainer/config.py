@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -30,6 +30,21 @@ class LoRAConfig(BaseModel):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names the adapter wraps (suffixes, as peft matches them), or every linear layer."
     )
+
+    def to_peft(self) -> Any:
+        """The same adapter as peft's ``LoraConfig`` (for a causal LM)."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=self.target_modules, task_type="CAUSAL_LM"
+        )
+
+
+def bf16_enabled(setting: bool | None) -> bool:
+    """A run's ``bf16``: as set, or on where a GPU is."""
+    import torch
+
+    return setting if setting is not None else torch.cuda.is_available()
 
 
 class CoderRLConfig(BaseModel):

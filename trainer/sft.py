@@ -26,7 +26,7 @@ from reward_svc import Evaluator
 from services.llm.chat import Message, Sampling
 from services.llm.extract import extract_code
 from services.schemas.reward import ScoreOptions
-from trainer.config import ColdStartConfig
+from trainer.config import ColdStartConfig, bf16_enabled
 
 TraceOrigin = Literal["template", "teacher", "jsonl"]
 
@@ -194,7 +194,6 @@ def sft_dataset(traces: list[Trace], tokenizer: Any) -> Any:
 
 def train(traces: list[Trace], config: ColdStartConfig, output_dir: Path) -> Path:
     """SFT through TRL's ``SFTTrainer``; the adapter (or model) and tokenizer saved to ``output_dir``."""
-    import torch
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
@@ -202,7 +201,6 @@ def train(traces: list[Trace], config: ColdStartConfig, output_dir: Path) -> Pat
         raise ValueError("no verified trace to train on")
     config.check()
     tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-    bf16 = config.bf16 if config.bf16 is not None else torch.cuda.is_available()
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=config.learning_rate,
@@ -212,29 +210,18 @@ def train(traces: list[Trace], config: ColdStartConfig, output_dir: Path) -> Pat
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         max_length=config.max_length,
         completion_only_loss=True,
-        bf16=bf16,
+        bf16=bf16_enabled(config.bf16),
         seed=config.seed,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
     )
-    peft_config = None
-    if config.lora is not None:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=config.lora.r,
-            lora_alpha=config.lora.alpha,
-            lora_dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
     trainer = SFTTrainer(
         model=str(config.model_path),
         args=args,
         train_dataset=sft_dataset(traces, tokenizer),
         processing_class=tokenizer,
-        peft_config=peft_config,
+        peft_config=config.lora.to_peft() if config.lora is not None else None,
     )
     trainer.train()
     trainer.save_model(str(output_dir))

@@ -16,6 +16,10 @@ import torch
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
+def default_tolerance(dtype: torch.dtype) -> float:
+    return DEFAULT_TOLERANCE.get(dtype, 1e-4)
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
@@ -132,6 +136,19 @@ def slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
     flat = [t.reshape(-1) for t in ts]
     for start in range(0, flat[0].numel(), SLICE_ELEMENTS):
         yield [f[start : start + SLICE_ELEMENTS] for f in flat]
+
+
+def constant_within_tolerance(t: torch.Tensor, atol: float, rtol: float, constants: tuple[float, ...]) -> float | None:
+    """The first of ``constants`` that allclose at this tolerance would accept for every value of ``t``
+    (a slice at a time: an output may be gigabytes), or None."""
+    compute = torch.promote_types(t.dtype, torch.float32)
+    for value in constants:
+        if all(
+            bool(torch.isclose(torch.full_like(part, value, dtype=compute), part.to(compute), atol=atol, rtol=rtol).all())
+            for (part,) in slices(t)
+        ):
+            return value
+    return None
 
 
 def plain(obj: Any) -> Any:
