@@ -250,10 +250,13 @@ class Evaluator:
                 "timing_budget_s": options.timing_budget_s,
                 "fingerprint_key": fingerprint_key,
                 "outputs_in_flight": OUTPUTS_IN_FLIGHT,
+                "replay_case": ref_result.get("replay_case", 0),
                 "copies_are_work": bool(ref_result.get("copying_ops")),
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
-            files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"))
+            files = TrialFiles(
+                child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"), ref_result.get("replay_case", 0)
+            )
             started = time.perf_counter()
             with OutputStream(compare_files, files):
                 outcome, answer = child.run(spec)

@@ -44,7 +44,8 @@ class CandidateSpec(_JobSpec):
     compile_cache_readonly: bool
     fingerprint_key: int  # the judge's check that each output file is what its trial returned
     outputs_in_flight: int
-    copies_are_work: bool  # the reference has an op that acts as a copy on case 0: the knockout poisons copies too
+    replay_case: int  # the case the refresh and knockout trials repeat (reference.replay_case)
+    copies_are_work: bool  # the reference has an op that acts as a copy on that case: the knockout poisons copies too
 
 
 class ReferenceResult(TypedDict, total=False):
@@ -57,6 +58,7 @@ class ReferenceResult(TypedDict, total=False):
     rounding_noise: list[list[float] | None]  # per case: the judge holds each trial to its own case's noise
     weight_seeds: list[int]
     compute_ops: dict[str, dict[str, int]]
+    replay_case: int
     copying_ops: list[str]
     work_per_case: list[Work]
     distributions: list[str]  # per case: the hidden distribution its inputs were drawn from

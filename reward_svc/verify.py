@@ -113,7 +113,7 @@ class FileComparer:
     far faster than ``torch.load`` copies it); on a GPU only the copy
     to the device and the arithmetic hold ``lock``, and only for outputs above
     ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
-    stays mapped (the refresh and knockout trials compare against case 0 again), beside the latest
+    stays mapped (the refresh and knockout trials mostly compare against case 0 again), beside the latest
     one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB),
     and one the device has no room for is compared on the host.
 
@@ -231,20 +231,21 @@ class FileComparer:
 @dataclass(frozen=True)
 class TrialFiles:
     """The output files a candidate's harness writes, by name, each judged against the expected
-    output (and rounding noise) of one reference case: the trials their own, the refresh, knockout
-    and timed calls case 0's."""
+    output (and rounding noise) of one reference case: the trials their own, the refresh and knockout
+    the replayed case's, the timed calls' check the case named in its file."""
 
     cand_dir: Path
     ref_dir: Path
     cases: int
     rounding_noise: list[Any] | None = None
+    replay_case: int = 0
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
         return {
             **{f"output_{case}": case for case in range(self.cases)},
-            "output_refresh": 0,
-            "output_knockout": 0,
+            "output_refresh": self.replay_case,
+            "output_knockout": self.replay_case,
             **{f"output_timed_{case}": case for case in range(self.cases)},
         }
 

@@ -455,7 +455,7 @@ def judged_conditions() -> Iterator[None]:
 def _replay(
     counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False, provenance_key: int | None = None
 ) -> Iterator[OpRecorder]:
-    """The two replays of case 0's values (refresh and knockout), under the judged conditions, with
+    """The two replays of one case's values (refresh and knockout), under the judged conditions, with
     the path forward takes recorded, so the two can be told apart only by the knockout's poison."""
     recorder = OpRecorder(provenance_key)
     counter.recorder, counter.knockout = recorder, knockout
@@ -478,24 +478,26 @@ def _refresh_trial(
     paths: dict[str, list[str]],
     observations: Observations,
 ) -> Any:
-    """Case 0's values written into the *same* tensors the last case used: defeats caches keyed on
+    """The replayed case's values (``replay_case``, mostly case 0) written into the *same* tensors
+    another case used (the last, or case 0 where the last is replayed): defeats caches keyed on
     tensor identity, address or shape. It also follows what the custom kernels wrote: an output
     whose values a PyTorch op computed from data they never touched was not theirs, however it
     was routed (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
-    last = len(case_args) - 1
+    last, replay = len(case_args) - 1, spec["replay_case"]
     if last == 0:  # one trial asked for: the same values in the same tensors test nothing
         return SKIPPED
-    targets = tensors.tensors_in(case_args[last])
-    fresh = tensors.tensors_in(_case_inputs(spec, exchange, 0))
+    args = case_args[last if replay != last else 0]
+    targets = tensors.tensors_in(args)
+    fresh = tensors.tensors_in(_case_inputs(spec, exchange, replay))
     if [t.shape for t in targets] != [t.shape for t in fresh]:
         return SKIPPED
     for target, value in zip(targets, fresh):
         target.copy_(value)
-    model = _model_for(module, models, spec, exchange, 0)
+    model = _model_for(module, models, spec, exchange, replay)
     with _replay(counter, paths, "refresh", provenance_key=spec["fingerprint_key"]) as recorder:
-        out = model(*case_args[last])
+        out = model(*args)
         _settle(spec["device"])
-    check_returned(out, case_args[last])
+    check_returned(out, args)
     if counter.total:
         found = recorder.pytorch_source(out)
         observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
@@ -511,7 +513,7 @@ def _knockout_trial(
     paths: dict[str, list[str]],
     observations: Observations,
 ) -> Any:
-    """Run case 0 once more with every custom kernel's writes poisoned and uninitialised memory
+    """Run the replayed case once more with every custom kernel's writes poisoned and uninitialised memory
     filled with NaN: an output that is still right was not computed by the custom kernels (or was
     remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
     wrong values (a Cholesky factor of what is no longer positive-definite) may have a PyTorch op
@@ -519,8 +521,8 @@ def _knockout_trial(
     and where it cannot, the op accounting is the check left, held to the share the knockout would
     have (``knockout_refused``). Any other error (forward's own, on what it found in its
     kernels' output) is a forward hiding from the knockout (``knockout_raised``)."""
-    model = _model_for(module, models, spec, exchange, 0)
-    args = _case_inputs(spec, exchange, 0)
+    model = _model_for(module, models, spec, exchange, spec["replay_case"])
+    args = _case_inputs(spec, exchange, spec["replay_case"])
     failed_launches = counter.failures.total()
     try:
         with _replay(counter, paths, "knockout", knockout=True) as recorder:

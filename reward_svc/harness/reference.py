@@ -50,7 +50,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     if device == "cuda":  # host-side inputs (init inputs, a host fallback) of GB size would take seconds on one thread
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) // 2)))
     phases.lap("import")
-    n_cases = spec["trials"]  # the candidate's refresh and knockout trials reuse case 0
+    n_cases = spec["trials"]
     models: dict[int, torch.nn.Module] = {}
     recorder = OpRecorder()
     work_per_case: list[Work] = []
@@ -58,6 +58,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     outputs_meta = []
     output_bytes = files_bytes = 0
     noise: list[list[float] | None] = []  # per case: the judge holds each trial to its own case's noise
+    copying: list[list[str]] = []  # per case: its compute ops that acted as a copy on its values
     case = 0
     with torch.no_grad():
         while case < n_cases:  # one case at a time: a KernelBench level-1 case alone is GBs
@@ -72,6 +73,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
                 if case == 0:
                     recorder = case_recorder
                 work_per_case.append(case_recorder.work())
+                copying.append(sorted(case_recorder.copying_ops))
                 distributions.append(distribution)
                 noise.append(rounding_noise(models[weight_seed], args, output, spec))
                 expected = tensors.to_cpu(output)
@@ -82,6 +84,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
                     return _no_room(exchange, case_files, spec)
                 noise.pop()
                 work_per_case.pop()
+                copying.pop()
                 distributions.pop()
                 n_cases = case  # the cases so far are enough
                 break
@@ -98,6 +101,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
             if case == 0:
                 n_cases = cases_within(spec["trials"], case_bytes, spec.get("exchange_max_bytes"))
             case += 1
+    replay = replay_case(copying)
     result: ReferenceResult = {
         "status": "ok",
         "cases": n_cases,
@@ -106,9 +110,10 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
         "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
-        # ops that act as a copy on case 0's values, the ones the knockout replays: there an honest
-        # kernel of theirs looks like a copy, so the candidate's knockout poisons copies too
-        "copying_ops": sorted(recorder.copying_ops),
+        "replay_case": replay,
+        # ops that act as a copy on the replayed case's values: there an honest kernel of theirs looks
+        # like a copy, so the candidate's knockout poisons copies too
+        "copying_ops": copying[replay],
         "work_per_case": work_per_case,
         "distributions": distributions,
         "input_bytes": input_bytes,
@@ -123,7 +128,8 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
 # Per case: how its floating inputs are drawn, each redrawn one scaled to the root mean square of what
 # get_inputs() drew (its scale, whatever its distribution): signed normal values, get_inputs()' own, then
 # four times wider with a thousandth of them ten times larger again. Case 0, the one the refresh and
-# knockout replays repeat, is signed: there a ReLU of [0, 1) inputs is not a copy of them.
+# knockout replays repeat where the reference's ops act as no copy on it, is signed: there a ReLU of
+# [0, 1) inputs is not a copy of them.
 CASE_DISTRIBUTIONS = ("signed", "native", "wide_with_outliers")
 OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
 
@@ -136,7 +142,7 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
         hidden = tensors.map_tensors(inputs, functools.partial(_redraw, distribution=distribution))
         try:
             args = tensors.to_device(hidden, device)
-            recorder = OpRecorder(watch_copies=case == 0)
+            recorder = OpRecorder(watch_copies=True)
             with recorder:
                 output = model(*args)
             if all(bool(torch.isfinite(t).all()) for t in tensors.tensors_in(output) if t.is_floating_point() or t.is_complex()):
@@ -147,10 +153,19 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
             pass
         del hidden
     args = tensors.to_device(inputs, device)
-    recorder = OpRecorder(watch_copies=case == 0)
+    recorder = OpRecorder(watch_copies=True)
     with recorder:
         output = model(*args)
     return inputs, args, output, recorder, "native"
+
+
+def replay_case(copying: list[list[str]]) -> int:
+    """The case the candidate's refresh and knockout trials replay: the first on which none of the
+    reference's ops acts as a copy (a clamp whose bounds bind there). Where one does, an honest kernel
+    of that op is a copy of PyTorch's result on it (a clamp after PyTorch's matmul) and cannot be
+    told from a copy kernel laundering PyTorch's answer; only where every case has one is case 0
+    replayed, its copies poisoned by the knockout like any write."""
+    return next((case for case, ops in enumerate(copying) if not ops), 0)
 
 
 def _redraw(t: torch.Tensor, *, distribution: str) -> torch.Tensor:
