@@ -1,5 +1,5 @@
 """The ``template`` kernel generator: traces a module with torch.fx (sandboxed) and writes fused
-Triton kernels for its pointwise, reduction and softmax chains. Deterministic; not an LLM."""
+Triton kernels for its pointwise, reduction, softmax and normalisation chains. Deterministic; not an LLM."""
 
 from coder_svc.template.generator import TemplateGenerator
 

@@ -17,11 +17,12 @@ from typing import Any
 
 from coder_svc.template.fusion import External, Group, Plan
 from coder_svc.template.graph import DtypeConst, Graph, Node, NodeRef, Opaque, SliceConst, TupleConst, is_name
-from coder_svc.template.lowering import Elementwise, Reduce, Softmax
+from coder_svc.template.lowering import Elementwise, Norm, Reduce, Softmax
+from coder_svc.template.normalization import norm_kernel, norm_launcher
 from coder_svc.template.triton_ops import HELPERS, expression, literal
 from services.outcomes import Declined
 
-VERSION = "template-2"  # 2: reductions over few rows split their range across programs
+VERSION = "template-3"  # 2: reductions over few rows split their range across programs; 3: batch, instance and group norms
 TILE = 2048  # elements per 2D reduction tile
 INT32_LIMIT = 2**31 - 2**22  # beyond this many elements, offsets are computed in 64 bits
 TORCH_DTYPES = {
@@ -145,6 +146,8 @@ def forward_source(plan: Plan) -> str:
             group = plan.groups[plan.group_of[node.name]]
             if node.name == group.head:
                 inputs = ", ".join(writer.var(v) for v in launcher_inputs(group))
+                if group.reduction and isinstance(group.reduction[1], Norm):  # its launcher reads the module's state
+                    inputs = f"{writer.attribute_chain(group.reduction[1].module)}, {inputs}"
                 body.append(f"{writer.var(node.name)} = kz_run_{group.index}({inputs})")
         else:
             body.append(writer.statement(node))
@@ -194,8 +197,8 @@ class KernelWriter:
 
     # -- the group's reduction, for the code paths that run only for groups that have one
     @property
-    def reduced(self) -> Reduce | Softmax:
-        assert self.reduction is not None, "only a group with a reduction or softmax writes this part"
+    def reduced(self) -> Reduce | Softmax | Norm:
+        assert self.reduction is not None, "only a group with a reduction, softmax or norm writes this part"
         return self.reduction
 
     @property
@@ -489,21 +492,7 @@ class KernelWriter:
         else:
             lines.append("    out_shape = S")
         lines.append(f"    out = torch.empty(out_shape, device={device}, dtype={dtype})")
-        pointers, strides = [], []
-        for k, e in enumerate(self.g.externals):
-            a = name_of[e.value]
-            if self.flat(e):
-                lines.append(f"    c{k} = {a}.contiguous()")
-                pointers.append(f"c{k}")
-                continue
-            pointers.append(a)
-            if e.phase == "pre" or not isinstance(red, Reduce):
-                lines.append(f"    st{k} = list({a}.expand(S).stride())")
-            else:
-                lines.append(f"    st{k} = list({a}.expand(out_shape).stride())")
-                if not red.keepdim:
-                    lines.append(f"    st{k}[{self.d0}:{self.d0}] = [0] * {self.d1 - self.d0}")
-            strides.append(f"*st{k}")
+        pointers, strides = self.external_args(lines, name_of)
         args = ["out", *pointers]
         if red is None:
             lines.append("    n = out.numel()")
@@ -552,13 +541,38 @@ class KernelWriter:
         lines.append("    return out")
         return lines
 
+    def external_args(self, lines: list[str], name_of: dict[str, str]) -> tuple[list[str], list[str]]:
+        """Launcher lines making each external a kernel argument: flat ones made contiguous, broadcast
+        ones passed with their strides over the domain; (pointers, strides) to pass."""
+        red = self.reduction
+        pointers, strides = [], []
+        for k, e in enumerate(self.g.externals):
+            a = name_of[e.value]
+            if self.flat(e):
+                lines.append(f"    c{k} = {a}.contiguous()")
+                pointers.append(f"c{k}")
+                continue
+            pointers.append(a)
+            if e.phase == "pre" or not isinstance(red, Reduce):
+                lines.append(f"    st{k} = list({a}.expand(S).stride())")
+            else:
+                lines.append(f"    st{k} = list({a}.expand(out_shape).stride())")
+                if not red.keepdim:
+                    lines.append(f"    st{k}[{self.d0}:{self.d0}] = [0] * {self.d1 - self.d0}")
+            strides.append(f"*st{k}")
+        return pointers, strides
+
     def rows_grid(self) -> str:
         """The launch grid over the output rows, for the launcher's BLOCK_M."""
         return "(triton.cdiv(OUTER, BLOCK_M),)" if self.rows_layout else "(OUTER, triton.cdiv(INNER, BLOCK_M))"
 
     def source(self) -> str:
-        kernel = self.pointwise_kernel() if self.reduction is None else self.reduction_kernel()
-        return "\n".join(kernel) + "\n\n\n" + "\n".join(self.launcher()) + "\n"
+        if isinstance(self.reduction, Norm):
+            kernel, launcher = norm_kernel(self, KernelText()), norm_launcher(self, launcher_inputs(self.g))
+        else:
+            kernel = self.pointwise_kernel() if self.reduction is None else self.reduction_kernel()
+            launcher = self.launcher()
+        return "\n".join(kernel) + "\n\n\n" + "\n".join(launcher) + "\n"
 
 
 def generate_source(reference: str, plan: Plan) -> str:

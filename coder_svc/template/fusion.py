@@ -1,5 +1,5 @@
-"""Group the lowered nodes into fused kernels: a chain of pointwise ops, at most one reduction or
-softmax, and the pointwise chain after it. Everything else stays a PyTorch call.
+"""Group the lowered nodes into fused kernels: a chain of pointwise ops, at most one reduction,
+softmax or normalisation, and the pointwise chain after it. Everything else stays a PyTorch call.
 
 A node joins the group that produced its input only when that input has no other user, so no
 value inside a kernel is ever needed outside it; external tensors must broadcast to the group's
@@ -8,10 +8,10 @@ domain (the full shape before the reduction, the reduced shape after it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coder_svc.template.graph import Graph, Node, node_refs
-from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Lowered, Reduce, Softmax, lower
+from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Lowered, Norm, Reduce, Softmax, lower
 from coder_svc.template.triton_ops import supports
 
 
@@ -31,7 +31,7 @@ class Group:
     index: int
     domain: tuple[int, ...]
     pre: list[tuple[str, Elementwise]] = field(default_factory=list)
-    reduction: tuple[str, Reduce | Softmax] | None = None
+    reduction: tuple[str, Reduce | Softmax | Norm] | None = None
     post: list[tuple[str, Elementwise]] = field(default_factory=list)
     externals: list[External] = field(default_factory=list)
     head: str = ""
@@ -136,11 +136,7 @@ def plan(graph: Graph) -> Plan:
             src_meta = tensor(source)
             if src_meta is None or src_meta.dtype not in FLOAT_DTYPES:
                 continue
-            ir = (
-                Reduce(ir.kind, source, ir.dims, ir.keepdim, ir.correction, ir.tuple_output)
-                if isinstance(ir, Reduce)
-                else Softmax(ir.kind, source, ir.dim)
-            )
+            ir = replace(ir, source=source)
             if (
                 isinstance(ir, Reduce)
                 and ir.tuple_output

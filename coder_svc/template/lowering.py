@@ -1,5 +1,5 @@
-"""What each fx node means to the generator: a pointwise op, a reduction, a softmax, an alias, or
-something PyTorch keeps doing (None).
+"""What each fx node means to the generator: a pointwise op, a reduction, a softmax, a
+normalisation, an alias, or something PyTorch keeps doing (None).
 
 Functions, methods and ``torch.nn`` activation modules all map onto one small vocabulary, so the
 fusion and code generation never look at fx targets again.
@@ -176,7 +176,19 @@ class Alias:
     source: str
 
 
-Lowered = Elementwise | Reduce | Softmax | Alias | None
+@dataclass(frozen=True)
+class Norm:
+    """A ``torch.nn`` batch, instance or group norm module: statistics per channel (batch norm), per
+    sample and channel (instance norm) or per sample and group (group norm), then normalise and
+    affine. The launcher reads the module itself at run time (training flag, running statistics,
+    weight, bias, eps, momentum), so eval and training mode both follow PyTorch's semantics."""
+
+    kind: str  # batch_norm, instance_norm or group_norm
+    source: str
+    module: str  # the module's attribute path in the model
+
+
+Lowered = Elementwise | Reduce | Softmax | Norm | Alias | None
 
 
 @dataclass
@@ -251,7 +263,38 @@ def _dims(value: Any, rank: int) -> tuple[int, int] | None:
     return norm[0], norm[-1] + 1
 
 
+# torch.nn norm modules -> (kind, the input rank they normalise batched; None: any rank from 2)
+NORM_MODULES = {
+    "torch.nn.modules.batchnorm.BatchNorm1d": ("batch_norm", None),
+    "torch.nn.modules.batchnorm.BatchNorm2d": ("batch_norm", 4),
+    "torch.nn.modules.batchnorm.BatchNorm3d": ("batch_norm", 5),
+    "torch.nn.modules.instancenorm.InstanceNorm1d": ("instance_norm", 3),
+    "torch.nn.modules.instancenorm.InstanceNorm2d": ("instance_norm", 4),
+    "torch.nn.modules.instancenorm.InstanceNorm3d": ("instance_norm", 5),
+    "torch.nn.modules.normalization.GroupNorm": ("group_norm", None),
+}
+
+
+def _norm(node: Node, graph: dict[str, Node]) -> Norm | None:
+    assert node.module is not None
+    kind, rank = NORM_MODULES[node.module.cls]
+    source = node.args[0] if len(node.args) == 1 and not node.kwargs else None
+    src = graph.get(source.node) if isinstance(source, NodeRef) else None
+    meta = src.tensor if src is not None else None
+    # fp32 only: a half input with fp32 statistics and parameters is a mixed-precision path PyTorch owns
+    if not isinstance(source, NodeRef) or meta is None or meta.dtype != "float32" or len(meta.shape) < 2:
+        return None
+    batch_norm_1d = kind == "batch_norm" and rank is None
+    if (rank is not None and len(meta.shape) != rank) or (batch_norm_1d and len(meta.shape) > 3):
+        return None  # BatchNorm1d takes (N, C) and (N, C, L); an unbatched instance norm's input is (C, ...)
+    if kind == "instance_norm" and node.module.attrs.get("track_running_stats") is not False:
+        return None  # an instance norm's running statistics (averaged over the batch) are left to PyTorch
+    return Norm(kind, source.node, node.target)
+
+
 def lower(node: Node, graph: dict[str, Node]) -> Lowered:
+    if node.op == "call_module" and node.module and node.module.cls in NORM_MODULES:
+        return _norm(node, graph)
     call = _call_of(node)
     if call is None or not call.positional:
         return None
