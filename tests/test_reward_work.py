@@ -223,45 +223,6 @@ MATMUL_HARDTANH_ONE_ROW = module(
     init="[64, 64]",
     init_body="self.fc = nn.Linear(64, 64, bias=False)",
 )
-MIN_GELU_BIAS_KERNEL = """
-@triton.jit
-def min_gelu_bias_kernel(x_ptr, bias_ptr, out_ptr, C, HW, BLOCK_C: tl.constexpr):
-    pixel = tl.program_id(0)  # n * HW + hw
-    n, hw = pixel // HW, pixel % HW
-    cs = tl.arange(0, BLOCK_C)
-    x = tl.load(x_ptr + n * C * HW + cs * HW + hw, mask=cs < C, other=float("inf"))
-    v = tl.min(x, axis=0) * 1000.0
-    g = 0.5 * v * (1.0 + tl.erf(v * 0.7071067811865476))
-    b = tl.load(bias_ptr + n * C * HW + cs * HW + hw, mask=cs < C)
-    tl.store(out_ptr + n * C * HW + cs * HW + hw, g + b, mask=cs < C)
-"""
-# Degenerate as KernelBench's 36_ConvTranspose2d_Min_Sum_GELU_Add is: the GELU of a large negative
-# value is 0, so the answer is the bias broadcast, and the glue's expanded bias holds it value for value.
-MIN_GELU_BIAS = module(
-    "m = torch.min(inputs[0], dim=1, keepdim=True)[0]\nreturn torch.nn.functional.gelu(m * 1000.0) + self.bias",
-    "[torch.randn(4, 64, 8, 8)]",
-    init="[64]",
-    init_body="self.bias = nn.Parameter(torch.randn(1, 64, 1, 1))",
-)
-MIN_GELU_BIAS_CANDIDATE = (
-    HEADER
-    + MIN_GELU_BIAS_KERNEL
-    + """
-
-class ModelNew(nn.Module):
-    def __init__(self, *args):
-        super().__init__()
-        self.bias = nn.Parameter(torch.randn(1, 64, 1, 1))
-
-    def forward(self, x):
-        x = x.contiguous()
-        N, C, H, W = x.shape
-        bias = self.bias.expand(N, C, H, W).contiguous()
-        out = torch.empty_like(x)
-        min_gelu_bias_kernel[(N * H * W,)](x, bias, out, C, H * W, BLOCK_C=triton.next_power_of_2(C))
-        return out
-"""
-)
 HONEST = {  # (reference, candidate)
     "a clamp whose bounds seldom bind": (
         module("return torch.clamp(inputs[0], -3.0, 3.0)", "[torch.randn(4, 1024)]"),
@@ -281,7 +242,6 @@ HONEST = {  # (reference, candidate)
         HARDTANH_EPILOGUE,
     ),
     "a hardtanh epilogue whose bounds bind on one case only": (MATMUL_HARDTANH_ONE_ROW, HARDTANH_EPILOGUE),
-    "an answer that is the bias broadcast": (MIN_GELU_BIAS, MIN_GELU_BIAS_CANDIDATE),
     "one index": (
         module("return torch.argmax(inputs[0])", "[torch.randn(1024)]"),
         kernel_candidate(

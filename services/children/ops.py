@@ -827,9 +827,8 @@ class OpRecorder(TorchDispatchMode):
     their bodies run under the recorder, so what PyTorch and the kernels do inside them counts as usual.
 
     With ``provenance_key`` it also follows what custom kernels wrote: storages a launch changed
-    (``LaunchCounter`` marks them) and everything computed from them are ``written``; what PyTorch
-    computed from other data (and what is assembled from it), and the whole of a view it wrote into,
-    is fingerprinted (``pytorch_outputs``), so
+    (``LaunchCounter`` marks them) and everything computed from them are ``written``; every other
+    op's output, and the whole of a view it wrote into, is fingerprinted (``pytorch_outputs``), so
     ``pytorch_source`` can tell an output whose values PyTorch made from data no kernel touched."""
 
     def __init__(self, provenance_key: int | None = None, *, watch_copies: bool = False) -> None:
@@ -860,7 +859,6 @@ class OpRecorder(TorchDispatchMode):
         self.data_free: dict[int, torch.Tensor] = {}
         self.escaped = False
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
-        self.made: set[int] = set()  # storages holding what PyTorch computed (or assembled from it) from untouched data
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -971,16 +969,8 @@ class OpRecorder(TorchDispatchMode):
             return
         # From untouched data: fresh memory, even where the allocator hands out a block a kernel wrote before
         self.written.difference_update(tensors.storage_id(t) for t in outputs)
-        # PyTorch made it: a compute op's result, a factory's, or anything assembled from what PyTorch made
-        # (cat, copies into slices). A relay of the forward's own data (a bias expanded, an input
-        # transposed) computed nothing: a kernel whose answer is that, value for value, launders nothing.
-        made = is_compute_op(name) or not inputs or any(tensors.storage_id(t) in self.made for t in inputs)
-        for t in outputs:
+        for t in outputs:  # every op's, not only compute ops': a result may be assembled (cat, copies into slices)
             for whole in (t, t._base) if t._base is not None else (t,):
-                if not made:
-                    self.made.discard(tensors.storage_id(whole))
-                    continue
-                self.made.add(tensors.storage_id(whole))
                 if whole.numel() > 1 and whole.layout == torch.strided:
                     self.pytorch_outputs[self._identity(whole)] = name
 
