@@ -192,7 +192,8 @@ class HFChatModel:
                     eos_token_id=eos,
                     return_dict_in_generate=True,
                     output_logits=sampling.logprobs,
-                    **({"temperature": sampling.temperature, "top_p": sampling.top_p} if sample else {}),
+                    # top_k 0: no top-k cut (generate's default keeps 50 tokens), the distribution Sampling names
+                    **({"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0} if sample else {}),
                 )
                 width = batch["input_ids"].shape[1]
                 logprobs = _chosen_logprobs(generated, width, sampling.temperature) if sampling.logprobs else None
