@@ -47,6 +47,8 @@ def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Setting
         "api_corpora",
         "api_usage",
         "api_pairs",
+        "training_runs",
+        "training_records",
     }
     assert user_tables(database_url) == set()
 

@@ -64,3 +64,52 @@ def build_lora(model_dir: Path, directory: Path, seed: int) -> Path:
     config = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
     get_peft_model(base, config).save_pretrained(directory)
     return directory
+
+
+def build_replying_lm(directory: Path, messages: list[dict[str, str]], reply: str, chance: float = 0.4, seed: int = 0) -> Path:
+    """A tiny model that answers ``messages`` with ``reply`` about ``chance`` of the time at
+    temperature 1 (something else, no program, otherwise): a policy whose groups carry a signal
+    and whose reward RL can raise. Its tokenizer's merges cross word boundaries, so the prompt and
+    the reply are a few tokens each and sampling takes milliseconds."""
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator([m["content"] for m in messages] * 8 + [reply] * 8, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|end|>", pad_token="<|pad|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=512,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=None,
+            tie_word_embeddings=False,
+        )
+    )
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    reply_ids = tokenizer(reply + "<|end|>", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + reply_ids])
+    labels = ids.clone()
+    labels[0, : len(prompt_ids)] = -100
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(500):  # up the reply's likelihood until it is sampled about `chance` of the time
+        loss = model(input_ids=ids, labels=labels).loss * len(reply_ids)  # the reply's negative log-likelihood
+        if float(torch.exp(-loss.detach())) >= chance:
+            break
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(directory)
+    return directory

@@ -1,5 +1,5 @@
-"""Trainer: rollout intake, cold-start SFT and CA-GRPO for the Coder, weight publishing (Proposer RL
-and the alternating loop are still to come).
+"""Trainer: rollout intake, cold-start SFT and CA-GRPO for the Coder, weight publishing, and the
+alternating loop's runs (the Coder's half; Proposer RL is still to come).
 
 Its face, what other packages may import (loaded on first use: see ``services.faces``):
 ``record_coder_job`` (a training generation job's candidates as one rollout group), ``record_group``
@@ -7,7 +7,7 @@ and ``Sample`` (write one scored group of samples for training), ``claim_groups`
 (take whole groups once, with the reasons others were dropped), ``CoderRLConfig``/``LoRAConfig``
 and ``load_config`` (a run's typed configuration), ``CoderTrainer`` (one CA-GRPO step on claimed
 groups, and saving what it trained), ``publish_coder`` (a trained version saved and served),
-``install_cli`` (``kernelzero train``).
+``LoopConfig`` and ``submit_run`` (a run of the loop, a round per job), ``install_cli`` (``kernelzero train``).
 """
 
 from typing import TYPE_CHECKING
@@ -17,15 +17,17 @@ from services.faces import lazy_face
 if TYPE_CHECKING:
     from trainer.cli import install_cli
     from trainer.coder_rl import CoderTrainer
-    from trainer.config import CoderRLConfig, LoRAConfig, load_config
+    from trainer.config import CoderRLConfig, LoopConfig, LoRAConfig, load_config
     from trainer.intake import record_coder_job
     from trainer.publish import publish_coder
     from trainer.rollouts import Sample, claim_groups, record_group
+    from trainer.runs import submit_run
 
 __all__ = [
     "CoderRLConfig",
     "CoderTrainer",
     "LoRAConfig",
+    "LoopConfig",
     "Sample",
     "claim_groups",
     "install_cli",
@@ -33,6 +35,7 @@ __all__ = [
     "publish_coder",
     "record_coder_job",
     "record_group",
+    "submit_run",
 ]
 __getattr__ = lazy_face(
     __name__,
@@ -40,6 +43,7 @@ __getattr__ = lazy_face(
         "CoderRLConfig": "trainer.config",
         "CoderTrainer": "trainer.coder_rl",
         "LoRAConfig": "trainer.config",
+        "LoopConfig": "trainer.config",
         "Sample": "trainer.rollouts",
         "claim_groups": "trainer.rollouts",
         "install_cli": "trainer.cli",
@@ -47,5 +51,6 @@ __getattr__ = lazy_face(
         "publish_coder": "trainer.publish",
         "record_coder_job": "trainer.intake",
         "record_group": "trainer.rollouts",
+        "submit_run": "trainer.runs",
     },
 )

@@ -1,18 +1,20 @@
-"""The trainer's commands: ``kernelzero train cold-start`` (traces verified, SFT, optionally served)."""
+"""The trainer's commands: ``kernelzero train cold-start`` (traces verified, SFT, optionally served) and
+``kernelzero train run`` (the alternating loop, here, through the running services)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from services.config import get_settings
 
-train_app = typer.Typer(help="Trainer: cold-start SFT of the Coder.", no_args_is_help=True)
-console = Console(stderr=True)
+train_app = typer.Typer(help="Trainer: cold-start SFT of the Coder, the alternating loop.", no_args_is_help=True)
+console = Console(stderr=True, soft_wrap=True)  # a refusal is one line, whatever the terminal's width
 DeviceOption = Literal["auto", "cpu", "cuda"]
 
 
@@ -103,6 +105,81 @@ def cold_start(
         console.print(f"serving {served.name} (version {served.id}) from {served.adapter_path or served.base_model}")
     else:
         console.print(f"trained model in {train(kept, run, out / 'model')}")
+
+
+class _Bars:
+    """The loop's phases as rich bars, one per phase of each round."""
+
+    def __init__(self, progress: Progress, round_index: int) -> None:
+        self.progress, self.round_index = progress, round_index
+        self.task: Any = None
+
+    def phase(self, name: str, total: int) -> None:
+        self.task = self.progress.add_task(f"round {self.round_index + 1}: {name}", total=total)
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+
+@train_app.command("run")
+def run(
+    config: Path = typer.Option(..., "--config", exists=True, dir_okay=False, help="LoopConfig as YAML or JSON (coder: ...)."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Rounds of the loop (overrides the file)."),
+    coder_steps: int | None = typer.Option(None, "--coder-steps", help="N: the Coder's optimizer steps per round."),
+    proposer_steps: int | None = typer.Option(None, "--proposer-steps", help="M: the Proposer's (Proposer RL is not built: 0)."),
+    model_path: Path | None = typer.Option(None, "--model-path", help="The Coder's base model (overrides coder.model_path)."),
+    out: Path | None = typer.Option(None, "--out", file_okay=False, help="Run directory; default: the data dir's runs/<id>."),
+) -> None:
+    """Run the alternating loop here, round by round, through the running services (kernelzero up):
+    the frontier's tasks, G candidates each from the Coder's queue, scored by the reward service,
+    CA-GRPO steps, the new version published and served. Figures go to the database and the run
+    directory (records.jsonl, curves.png)."""
+    from services.clients import CoderClient, ServiceError, ServiceUnreachable
+    from trainer.config import ConfigError, LoopConfig, load_config
+    from trainer.runs import create_run, get_run, play_round
+
+    try:
+        loop = load_config(LoopConfig, config, {"rounds": rounds, "coder_steps": coder_steps, "proposer_steps": proposer_steps})
+        if model_path is not None:
+            loop = loop.model_copy(update={"coder": loop.coder.model_copy(update={"model_path": model_path})})
+        run_id = create_run(loop, out)
+    except ConfigError as exc:
+        console.print(f"[red]config refused:[/] {exc}")
+        raise typer.Exit(1) from None
+    try:
+        with CoderClient() as client:
+            client.serving_model()
+    except (ServiceError, ServiceUnreachable) as exc:
+        console.print(f"[red]the loop needs the running services (kernelzero up):[/] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"run {run_id}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bars:
+        round_index = 0
+        while play_round(run_id, round_index, _Bars(bars, round_index)):
+            round_index += 1
+    result = get_run(run_id)
+    table = Table("round", "pass rate", "reward mean", "steps", "loss", "published", "seconds")
+    for record in (r for r in result.records if r.kind == "round"):
+        m = record.metrics
+        table.add_row(
+            str(record.round + 1),
+            _figure(m.get("pass_rate")),
+            _figure(m.get("reward_mean")),
+            str(m.get("steps")),
+            _figure(m.get("loss_mean")),
+            m.get("published") or "-",
+            f"{sum((m.get('seconds') or {}).values()):.0f}",
+        )
+    console.print(table)
+    console.print(f"run {run_id} {result.status}; curves in {Path(result.run_dir) / 'curves.png'}")
+    if result.status != "succeeded":
+        console.print(f"[red]{result.error or result.status}[/]")
+        raise typer.Exit(1)
+
+
+def _figure(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def install_cli(app: typer.Typer) -> None:

@@ -59,7 +59,18 @@ class _Sequence:
 class CoderTrainer:
     """The policy being trained, its optimizer and schedule; ``step`` applies one CA-GRPO update."""
 
-    def __init__(self, config: CoderRLConfig, accelerator: Any | None = None, *, total_steps: int = 1000) -> None:
+    def __init__(
+        self,
+        config: CoderRLConfig,
+        accelerator: Any | None = None,
+        *,
+        total_steps: int = 1000,
+        resume_from: Path | None = None,
+        steps_done: int = 0,
+    ) -> None:
+        """``resume_from``: a version this run published (its adapter, or its whole model), trained on
+        from there; ``steps_done`` moves the learning-rate schedule to where that version left it (the
+        optimizer's moments start afresh: versions hold weights only)."""
         from accelerate import Accelerator
         from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
@@ -67,8 +78,13 @@ class CoderTrainer:
         torch.manual_seed(config.seed)
         self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16_enabled(config.bf16) else "no")
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        model: Any = AutoModelForCausalLM.from_pretrained(config.model_path)
-        if config.lora is not None:
+        full_weights = resume_from if resume_from is not None and config.lora is None else config.model_path
+        model: Any = AutoModelForCausalLM.from_pretrained(full_weights)
+        if config.lora is not None and resume_from is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, resume_from, is_trainable=True)
+        elif config.lora is not None:
             from peft import get_peft_model
 
             model = get_peft_model(model, config.lora.to_peft())
@@ -77,6 +93,8 @@ class CoderTrainer:
         scheduler = get_scheduler(
             config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
         )
+        for _ in range(steps_done):
+            scheduler.step()
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.reference: Any = None
         if config.beta:

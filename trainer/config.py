@@ -121,7 +121,50 @@ class ColdStartConfig(BaseModel):
         check_model(self.model_path, self.lora)
 
 
-RunConfig = TypeVar("RunConfig", CoderRLConfig, ColdStartConfig)
+class LoopConfig(BaseModel):
+    """The alternating loop: per round, the Coder samples G candidates on each task the frontier picks
+    (through the Coder service's queue, scored by the reward service's), trains ``coder_steps``
+    CA-GRPO steps on the groups and publishes the result as the version the Coder serves next."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    coder: CoderRLConfig = Field(..., description="The Coder's CA-GRPO settings (its model_path is the served base model).")
+    rounds: int = Field(1, ge=1, le=10_000, description="Rounds of the loop.")
+    coder_steps: int = Field(20, ge=1, description="N: the Coder's optimizer steps per round.")
+    proposer_steps: int = Field(0, ge=0, description="M: the Proposer's steps per round (Proposer RL is not built yet: 0).")
+    tasks_per_round: int | None = Field(
+        None, ge=1, description="Tasks the frontier picks per round; default: coder_steps x groups_per_step (one group each)."
+    )
+    propose_per_round: int = Field(0, ge=0, le=500, description="New modules the Proposer composes and validates per round.")
+    composer: Literal["composer", "llm"] | None = Field(None, description="Who composes them; default: the service's.")
+    backend: Literal["triton", "cuda"] = Field("triton", description="Kernel language the Coder writes.")
+    model_backend: Literal["hf", "openai"] | None = Field(
+        None, description="Which of the Coder service's model backends samples; default: the one it serves."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the reward service checks the candidates.")
+    scoring_timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
+    max_tokens: int = Field(4096, ge=1, le=65536, description="Longest reply sampled.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 samples the policy the loss assumes.")
+    generation_timeout_s: float = Field(3600.0, gt=0, description="How long one task's generation job may take.")
+    seed: int = Field(0, ge=0, description="Sampling seeds derive from it, the round and the task.")
+
+    @model_validator(mode="after")
+    def _buildable(self) -> LoopConfig:
+        if self.proposer_steps:
+            raise ValueError(
+                "proposer_steps must be 0: Proposer RL is not built yet (the frontier still picks the tasks each round)"
+            )
+        return self
+
+    @property
+    def tasks(self) -> int:
+        return self.tasks_per_round or self.coder_steps * self.coder.groups_per_step
+
+    def check(self) -> None:
+        self.coder.check()
+
+
+RunConfig = TypeVar("RunConfig", CoderRLConfig, ColdStartConfig, LoopConfig)
 
 
 def check_model(path: Path, lora: LoRAConfig | None) -> None:

@@ -171,6 +171,39 @@ class Rollout(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class TrainingRun(Base):
+    """One run of the alternating loop: its configuration, where it stands, what it last published."""
+
+    __tablename__ = "training_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)  # queued running succeeded failed cancelled
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    run_dir: Mapped[str] = mapped_column(String(1000))
+    rounds_done: Mapped[int] = mapped_column(Integer, default=0)  # the checkpoint: rounds trained and published
+    coder_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))  # the latest it published
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class TrainingRecord(Base):
+    """A run's figures: one row per optimizer step and one per finished round."""
+
+    __tablename__ = "training_records"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(10))  # step | round
+    round: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class ApiCorpus(Base):
     """One mined corpus of real modules: where it came from and how much was parsed."""
 

@@ -11,6 +11,7 @@ SCORE_CPU = "score.cpu"
 PROPOSE_TASK = "proposer.propose"
 GENERATE_TASK = "coder.generate"
 SCORE_GROUP_TASK = "reward.score_group"
+TRAIN_ROUND_TASK = "trainer.round"
 
 
 def scoring_queue(device: int | None) -> str:

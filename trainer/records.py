@@ -1,0 +1,102 @@
+"""A run's figures, where people look for them: a row per optimizer step and per finished round in the
+database (``GET /v1/runs/{id}``), the same rows as JSON lines in the run directory (``records.jsonl``),
+and their curves as a PNG there (``curves.png``, redrawn after every round)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from services.db.models import TrainingRecord
+from services.db.session import session_scope
+
+RECORDS_FILE = "records.jsonl"
+CURVES_FILE = "curves.png"
+
+
+class RunRecorder:
+    """Writes one run's records; ``plot`` draws what the database holds for it."""
+
+    def __init__(self, run_id: str, run_dir: Path) -> None:
+        self.run_id, self.run_dir = run_id, run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    def step(self, round_index: int, step: int, metrics: dict[str, Any]) -> None:
+        self._write("step", round_index, step, metrics)
+
+    def round(self, round_index: int, metrics: dict[str, Any]) -> None:
+        self._write("round", round_index, None, metrics)
+        self.plot()
+
+    def _write(self, kind: str, round_index: int, step: int | None, metrics: dict[str, Any]) -> None:
+        with session_scope() as session:
+            session.add(TrainingRecord(run_id=self.run_id, kind=kind, round=round_index, step=step, metrics=_finite(metrics)))
+        self._export()
+
+    def forget_round(self, round_index: int) -> None:
+        """A round started again (its worker died before it published): its step rows go."""
+        with session_scope() as session:
+            for row in session.scalars(
+                select(TrainingRecord).where(TrainingRecord.run_id == self.run_id, TrainingRecord.round == round_index)
+            ):
+                session.delete(row)
+        self._export()
+
+    def _export(self) -> None:
+        """The run directory's copy of the rows, written whole (a round started again leaves no stale line)."""
+        lines = [json.dumps({"kind": r.kind, "round": r.round, "step": r.step, **r.metrics}) for r in run_records(self.run_id)]
+        staging = self.run_dir / f".{RECORDS_FILE}.tmp"
+        staging.write_text("".join(line + "\n" for line in lines))
+        staging.replace(self.run_dir / RECORDS_FILE)
+
+    def plot(self) -> Path:
+        return plot_records(run_records(self.run_id), self.run_dir / CURVES_FILE)
+
+
+def run_records(run_id: str) -> list[TrainingRecord]:
+    with session_scope() as session:
+        rows = list(
+            session.scalars(
+                select(TrainingRecord)
+                .where(TrainingRecord.run_id == run_id)
+                .order_by(TrainingRecord.round, TrainingRecord.kind.desc(), TrainingRecord.step, TrainingRecord.created_at)
+            )
+        )
+        session.expunge_all()
+        return rows
+
+
+def plot_records(records: Iterable[TrainingRecord], path: Path) -> Path:
+    """Reward and loss per optimizer step, the Coder's pass rate per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = list(records)
+    steps = [r for r in records if r.kind == "step"]
+    rounds = [r for r in records if r.kind == "round"]
+    figure, (reward_axis, loss_axis, pass_axis) = plt.subplots(1, 3, figsize=(13, 3.6))
+    x = list(range(1, len(steps) + 1))
+    reward_axis.plot(x, [r.metrics.get("reward_mean") for r in steps], marker="o", label="mean")
+    reward_axis.plot(x, [r.metrics.get("reward_std") for r in steps], marker=".", linestyle=":", label="std")
+    reward_axis.set(title="Coder reward per step", xlabel="optimizer step")
+    reward_axis.legend()
+    loss_axis.plot(x, [r.metrics.get("loss") for r in steps], marker="o", color="tab:red")
+    loss_axis.set(title="CA-GRPO loss", xlabel="optimizer step")
+    pass_axis.plot([r.round + 1 for r in rounds], [r.metrics.get("pass_rate") for r in rounds], marker="s", color="tab:green")
+    pass_axis.set(title="Coder pass rate per round", xlabel="round", ylim=(0, 1))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _finite(metrics: dict[str, Any]) -> dict[str, Any]:
+    """JSON holds no NaN: a figure that is not a number (no gradient this step) is None."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
