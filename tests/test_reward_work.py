@@ -242,6 +242,23 @@ HONEST = {  # (reference, candidate)
         HARDTANH_EPILOGUE,
     ),
     "a hardtanh epilogue whose bounds bind on one case only": (MATMUL_HARDTANH_ONE_ROW, HARDTANH_EPILOGUE),
+    # the reference clamps in place: its op is a copy where its bounds seldom bind only by its values before
+    **{
+        f"a hardtanh epilogue after a matmul the reference clamps {how}": (
+            module(
+                f"m = self.fc(inputs[0])\n{clamp}",
+                "[torch.randn(64, 64)]",
+                init="[64, 64]",
+                init_body="self.fc = nn.Linear(64, 64, bias=False)",
+            ),
+            HARDTANH_EPILOGUE,
+        )
+        for how, clamp in {
+            "in place": "return m.clamp_(-2.0, 2.0)",
+            "in place through hardtanh": "return torch.nn.functional.hardtanh(m, -2.0, 2.0, inplace=True)",
+            "into itself (out=)": "torch.clamp(m, -2.0, 2.0, out=m)\nreturn m",
+        }.items()
+    },
     "one index": (
         module("return torch.argmax(inputs[0])", "[torch.randn(1024)]"),
         kernel_candidate(

@@ -874,6 +874,13 @@ class OpRecorder(TorchDispatchMode):
             self.launched(tensors.tensors_in((args, kwargs)), result)
             return result
         name = func.overloadpacket.__name__
+        # an op that writes into its argument (``clamp_``, ``out=`` its own input) is a copy when it left its
+        # values as they were: only a snapshot taken before it can tell
+        watched = (
+            [(w, w.detach().clone()) for w in _written_arguments(func, args, kwargs)]
+            if self.watch_copies and not self._harness_depth and is_compute_op(name)
+            else []
+        )
         try:
             result = func(*args, **kwargs)
         except Exception as exc:
@@ -890,8 +897,10 @@ class OpRecorder(TorchDispatchMode):
         if not self._harness_depth:
             inputs = tensors.tensors_in((args, kwargs))
             outputs = tensors.tensors_in(result)
-            if self.watch_copies and is_compute_op(name) and any(tensors.is_copy_of(t, inputs) for t in outputs):
-                self.copying_ops.add(name)
+            if self.watch_copies and is_compute_op(name):
+                if any(tensors.is_copy_of(t, inputs) for t in outputs) or any(tensors.is_copy_of(w, [b]) for w, b in watched):
+                    self.copying_ops.add(name)
+                del watched
             self.calls[name] += 1
             self.elements[name] += sum(t.numel() for t in inputs)
             if name == "_local_scalar_dense":
