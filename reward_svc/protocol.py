@@ -85,6 +85,7 @@ class Observations(TypedDict, total=False):
     pytorch_output_kind: str | None
     knockout_copies: int
     knockout_path: str | None
+    replay_path: str | None  # where the refresh trial took another path than a later trial: it knows the replays
     knockout_raised: str
     knockout_refused: str
     knockout_stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead

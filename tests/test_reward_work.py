@@ -327,3 +327,48 @@ def test_a_copy_kernel_over_pytorchs_answer_is_caught_where_the_reference_copies
     assert "launch_copy(y" in launder and not check_source(launder)
     (verdict,) = evaluator.evaluate_group(MATMUL_HARDTANH_ONE_ROW, [launder], CPU).verdicts
     assert (verdict.status, verdict.guard) == ("rejected", "pytorch_fallback"), verdict.reason
+
+
+# --- a forward that recognises the replays ----------------------------------------------------------
+# The kernels' share is measured in the knockout, a replay of values the candidate has seen: a forward
+# that knows them does all the work in its kernels there and hands 73% of it to PyTorch in the trials.
+CLAMP_REFERENCE = module("return torch.clamp(inputs[0], -1.0, 1.0)", "[torch.randn(64, 64)]")
+SPLIT_CLAMP = (
+    "k = x.shape[0] * 27 // 100 + 1\nout = torch.empty_like(x)\n"
+    "out[:k] = launch_clamp(x[:k].contiguous(), -1.0, 1.0)\nout[k:] = torch.clamp(x[k:], -1.0, 1.0)\nreturn out"
+)
+REPLAY_AWARE = {
+    "by values seen before": (
+        "SEEN = []\n",
+        "x = inputs[0]\nkey = tuple(float(v) for v in x.reshape(-1)[:4])\nseen = key in SEEN\nSEEN.append(key)\n"
+        "if seen:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
+    ),
+    "by counting calls": (
+        "CALLS = []\n",
+        "x = inputs[0]\nCALLS.append(1)\nif len(CALLS) > 3:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
+    ),
+}
+
+
+@pytest.mark.slow  # sandboxed children
+@pytest.mark.parametrize("name", sorted(REPLAY_AWARE))
+def test_a_forward_that_recognises_the_replays_is_caught(evaluator: Evaluator, name: str) -> None:
+    state, forward = REPLAY_AWARE[name]
+    source = kernel_candidate(forward + SPLIT_CLAMP, CLAMP_KERNEL + "\n" + state)
+    assert not check_source(source)
+    (verdict,) = evaluator.evaluate_group(CLAMP_REFERENCE, [source], CPU).verdicts
+    assert (verdict.status, verdict.guard) == ("rejected", "knockout_evasion"), verdict.reason
+    assert "recognises the replays" in verdict.reason
+
+
+@pytest.mark.slow  # sandboxed children
+def test_a_forward_that_prepares_its_weights_on_its_first_call_passes(evaluator: Evaluator) -> None:
+    """Each model's first call may take another path (a transposed weight cached): not a replay's tell."""
+    prepared = HARDTANH_EPILOGUE.replace(
+        "        return launch_clamp(torch.matmul(x, self.fc.weight.t()).contiguous(), -2.0, 2.0)",
+        "        if not hasattr(self, 'w_t'):\n            self.w_t = (self.fc.weight * 1.0).t().contiguous()\n"
+        "        return launch_clamp(torch.matmul(x, self.w_t), -2.0, 2.0)",
+    )
+    assert "self.w_t" in prepared and not check_source(prepared)
+    (verdict,) = evaluator.evaluate_group(HONEST["a hardtanh epilogue after PyTorch's matmul"][0], [prepared], CPU).verdicts
+    assert verdict.correct, f"{verdict.status}/{verdict.guard}: {verdict.reason}"
