@@ -85,7 +85,8 @@ class Observations(TypedDict, total=False):
     pytorch_output_kind: str | None
     knockout_copies: int
     knockout_path: str | None
-    replay_path: str | None  # where the refresh trial took another path than a later trial: it knows the replays
+    replay_tell: str | None  # how the refresh trial differed from a later trial (path, PyTorch's work): it knows the replays
+    refresh_work: Work
     knockout_raised: str
     knockout_refused: str
     knockout_stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead

@@ -347,6 +347,13 @@ REPLAY_AWARE = {
         "CALLS = []\n",
         "x = inputs[0]\nCALLS.append(1)\nif len(CALLS) > 3:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
     ),
+    # the same ops in the same order every call, only the kernel's slice grows in the replays
+    "by counting calls, the same path": (
+        "CALLS = []\n",
+        "x = inputs[0]\nCALLS.append(1)\nk = x.shape[0] if len(CALLS) > 3 else x.shape[0] * 27 // 100 + 1\n"
+        "out = torch.empty_like(x)\nout[:k] = launch_clamp(x[:k].contiguous(), -1.0, 1.0)\n"
+        "out[k:] = torch.clamp(x[k:], -1.0, 1.0)\nreturn out\n",
+    ),
 }
 
 

@@ -233,7 +233,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
             trial(
                 "output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations)
             )
-            observations["replay_path"] = _compare_trial_paths(paths, spec["trials"], len(spec["weight_seeds"]))
+            observations["replay_tell"] = _replay_tell(paths, observations, spec["trials"], len(spec["weight_seeds"]))
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
                 knocked_out = "knockout_raised" not in observations and "knockout_refused" not in observations
@@ -502,6 +502,7 @@ def _refresh_trial(
         out = model(*args)
         _settle(spec["device"])
     check_returned(out, args)
+    observations["refresh_work"] = recorder.work()
     if counter.total:
         found = recorder.pytorch_source(out)
         observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
@@ -546,18 +547,32 @@ def _knockout_trial(
     return out
 
 
-def _compare_trial_paths(paths: dict[str, list[str]], trials: int, weight_seeds: int) -> str | None:
-    """Where the refresh trial (values the candidate has seen) took another path than a trial on new
-    values that was not its model's first call (a first call may set things up once; case k's model
-    holds weight seed k mod their number): a forward that recognises the replays and does there, and
-    only there, what the knockout measures. None: the same path, or no refresh trial."""
+# PyTorch's work in the refresh trial below this share of a trial's on new values (any family): the
+# forward moved work into its kernels for the replay (element counts are the inputs', not the values')
+REPLAY_WORK_SHARE = 0.9
+
+
+def _replay_tell(paths: dict[str, list[str]], observations: Observations, trials: int, weight_seeds: int) -> str | None:
+    """How the refresh trial (values the candidate has seen) differed from a trial on new values that was
+    not its model's first call (a first call may set things up once; case k's model holds weight seed k
+    mod their number): another path of ops and launches, or less PyTorch work in some family. A forward
+    that recognises the replays does there, and only there, the work the knockout measures. None: alike,
+    or no refresh trial."""
     refresh = paths.get("refresh")
-    if refresh is None:
+    if refresh is None or "refresh_work" not in observations:
         return None
+    refresh_work = observations["refresh_work"]["families"]
     for case in range(weight_seeds, trials):
         trial = paths.get(f"case_{case}")
         if trial is not None and trial != refresh:
             return f"trial {case + 1}: {_divergence(trial, refresh, 'on new values', 'in the refresh trial')}"
+        work = observations["work_per_case"][case]["families"] if case < len(observations["work_per_case"]) else {}
+        for family, done in sorted(work.items()):
+            if done and refresh_work.get(family, 0) < REPLAY_WORK_SHARE * done:
+                return (
+                    f"trial {case + 1}: PyTorch's {family} work was {done:,} elements on new values, "
+                    f"{refresh_work.get(family, 0):,} in the refresh trial"
+                )
     return None
 
 
