@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -22,8 +22,10 @@ from services.queue.jobs import submit_job
 from services.queue.names import TRAIN_ROUND_TASK, TRAINING
 from services.schemas.trainer import RecordOut, RunOut
 from trainer.config import ConfigError, LoopConfig
-from trainer.loop import Cancelled, Checkpoint, LoopError, Progress, Services, run_round
-from trainer.records import RunRecorder, run_records
+from trainer.records import run_records
+
+if TYPE_CHECKING:
+    from trainer.loop import Progress
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +94,9 @@ def _cancel_requested(run_id: str) -> bool:
 def play_round(run_id: str, round_index: int, progress: Progress | None = None) -> bool:
     """Play one round of the run (none if it is done, cancelled, or past this round); whether another
     should follow. A round's failure ends the run with the reason; its last published round stands."""
+    from trainer.loop import Cancelled, Checkpoint, LoopError, Services, run_round  # torch: the worker's, not the API's
+    from trainer.records import RunRecorder
+
     with session_scope() as session:
         run = session.get(TrainingRun, run_id)
         if run is None:
