@@ -85,8 +85,6 @@ class Observations(TypedDict, total=False):
     pytorch_output_kind: str | None
     knockout_copies: int
     knockout_path: str | None
-    replay_tell: str | None  # how the refresh trial differed from a later trial (path, PyTorch's work): it knows the replays
-    refresh_work: Work
     knockout_raised: str
     knockout_refused: str
     knockout_stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead

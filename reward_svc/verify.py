@@ -431,14 +431,6 @@ def _judge_outputs(
             guard="knockout_evasion",
             max_abs_error=_finite(max_error),
         )
-    if observations.get("replay_tell"):
-        return Verdict(
-            "rejected",
-            f"forward did other work on values it had seen than on new ones ({observations['replay_tell']}): it "
-            "recognises the replays, where the kernels' share is measured, and does other work in the trials",
-            guard="knockout_evasion",
-            max_abs_error=_finite(max_error),
-        )
     if observations.get("knockout_path"):
         return Verdict(
             "rejected",

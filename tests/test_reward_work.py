@@ -329,9 +329,13 @@ def test_a_copy_kernel_over_pytorchs_answer_is_caught_where_the_reference_copies
     assert (verdict.status, verdict.guard) == ("rejected", "pytorch_fallback"), verdict.reason
 
 
-# --- a forward that recognises the replays ----------------------------------------------------------
+# --- a forward that recognises the replays (a known limit) -------------------------------------------
 # The kernels' share is measured in the knockout, a replay of values the candidate has seen: a forward
-# that knows them does all the work in its kernels there and hands 73% of it to PyTorch in the trials.
+# that knows them (values seen before, its call count) does all the work in its kernels there and hands
+# 73% of it to PyTorch in the trials, below the op accounting's 75%. Comparing the refresh trial's path
+# and work with a trial's was tried and taken back: the same ops on the same shapes with their result
+# thrown away in the replays pass it, and honest value-dependent glue fails it. Pinned until the
+# knockout runs on values the candidate has not seen, at a call it cannot predict (docs/REWARD.md).
 CLAMP_REFERENCE = module("return torch.clamp(inputs[0], -1.0, 1.0)", "[torch.randn(64, 64)]")
 SPLIT_CLAMP = (
     "k = x.shape[0] * 27 // 100 + 1\nout = torch.empty_like(x)\n"
@@ -358,19 +362,19 @@ REPLAY_AWARE = {
 
 
 @pytest.mark.slow  # sandboxed children
+@pytest.mark.xfail(strict=True, reason="known limit: the replays are recognisable (docs/REWARD.md)")
 @pytest.mark.parametrize("name", sorted(REPLAY_AWARE))
-def test_a_forward_that_recognises_the_replays_is_caught(evaluator: Evaluator, name: str) -> None:
+def test_a_forward_that_recognises_the_replays_is_not_paid(evaluator: Evaluator, name: str) -> None:
     state, forward = REPLAY_AWARE[name]
     source = kernel_candidate(forward + SPLIT_CLAMP, CLAMP_KERNEL + "\n" + state)
     assert not check_source(source)
     (verdict,) = evaluator.evaluate_group(CLAMP_REFERENCE, [source], CPU).verdicts
-    assert (verdict.status, verdict.guard) == ("rejected", "knockout_evasion"), verdict.reason
-    assert "recognises the replays" in verdict.reason
+    assert not verdict.correct, verdict.reason
 
 
 @pytest.mark.slow  # sandboxed children
 def test_a_forward_that_prepares_its_weights_on_its_first_call_passes(evaluator: Evaluator) -> None:
-    """Each model's first call may take another path (a transposed weight cached): not a replay's tell."""
+    """Each model's first call may take another path (a transposed weight cached, a compute op): honest."""
     prepared = HARDTANH_EPILOGUE.replace(
         "        return launch_clamp(torch.matmul(x, self.fc.weight.t()).contiguous(), -2.0, 2.0)",
         "        if not hasattr(self, 'w_t'):\n            self.w_t = (self.fc.weight * 1.0).t().contiguous()\n"

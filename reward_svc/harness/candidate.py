@@ -219,21 +219,20 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
             outputs.write(taken)
             phases.lap("outputs")
 
-    paths: dict[str, list[str]] = {}
     try:
         with torch.no_grad():
             for case in range(spec["trials"]):
                 trial(
                     f"output_{case}",
                     functools.partial(
-                        _run_case, module, models, spec, exchange, case, counter, observations, baseline_threads, case_args, paths
+                        _run_case, module, models, spec, exchange, case, counter, observations, baseline_threads, case_args
                     ),
                 )
+            paths: dict[str, list[str]] = {}
             # skipped where there is one case, or the cases' inputs differ in shape
             trial(
                 "output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations)
             )
-            observations["replay_tell"] = _replay_tell(paths, observations, spec["trials"], len(spec["weight_seeds"]))
             if counter.total:
                 trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
                 knocked_out = "knockout_raised" not in observations and "knockout_refused" not in observations
@@ -361,10 +360,8 @@ def _run_case(
     observations: Observations,
     baseline_threads: int,
     case_args: list[Any],
-    paths: dict[str, list[str]],
 ) -> Any:
-    """One correctness case; its inputs join ``case_args`` (the refresh trial writes into them), the path
-    forward took ``paths``."""
+    """One correctness case; its inputs join ``case_args`` (the refresh trial writes into them)."""
     model = _model_for(module, models, spec, exchange, case)
     args = _case_inputs(spec, exchange, case)
     pristine = tensors.clone(args)
@@ -383,7 +380,6 @@ def _run_case(
     if case == 0:
         observations["compute_ops"] = recorder.compute_ops()
     observations["work_per_case"].append(recorder.work())
-    paths[f"case_{case}"] = recorder.path
     returned = tensors.clone(out)  # what the caller sees the moment forward returns
     _settle(spec["device"])
     observations["launches_per_case"].append(counter.total - launches_before)
@@ -502,7 +498,6 @@ def _refresh_trial(
         out = model(*args)
         _settle(spec["device"])
     check_returned(out, args)
-    observations["refresh_work"] = recorder.work()
     if counter.total:
         found = recorder.pytorch_source(out)
         observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
@@ -547,43 +542,6 @@ def _knockout_trial(
     return out
 
 
-# PyTorch's work in the refresh trial below this share of a trial's on new values (any family): the
-# forward moved work into its kernels for the replay (element counts are the inputs', not the values')
-REPLAY_WORK_SHARE = 0.9
-
-
-def _replay_tell(paths: dict[str, list[str]], observations: Observations, trials: int, weight_seeds: int) -> str | None:
-    """How the refresh trial (values the candidate has seen) differed from a trial on new values that was
-    not its model's first call (a first call may set things up once; case k's model holds weight seed k
-    mod their number): another path of ops and launches, or less PyTorch work in some family. A forward
-    that recognises the replays does there, and only there, the work the knockout measures. None: alike,
-    or no refresh trial."""
-    refresh = paths.get("refresh")
-    if refresh is None or "refresh_work" not in observations:
-        return None
-    refresh_work = observations["refresh_work"]["families"]
-    for case in range(weight_seeds, trials):
-        trial = paths.get(f"case_{case}")
-        if trial is not None and trial != refresh:
-            return f"trial {case + 1}: {_divergence(trial, refresh, 'on new values', 'in the refresh trial')}"
-        work = observations["work_per_case"][case]["families"] if case < len(observations["work_per_case"]) else {}
-        for family, done in sorted(work.items()):
-            if done and refresh_work.get(family, 0) < REPLAY_WORK_SHARE * done:
-                return (
-                    f"trial {case + 1}: PyTorch's {family} work was {done:,} elements on new values, "
-                    f"{refresh_work.get(family, 0):,} in the refresh trial"
-                )
-    return None
-
-
-def _divergence(first: list[str], second: list[str], first_name: str, second_name: str) -> str:
-    at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
-    return (
-        f"after {', '.join(first[max(0, at - 3) : at]) or 'the start'}: {', '.join(first[at : at + 3]) or 'returned'} "
-        f"{first_name}, {', '.join(second[at : at + 3]) or 'returned'} {second_name}"
-    )
-
-
 def _compare_paths(paths: dict[str, list[str]]) -> str | None:
     """Where the knockout took another path than the refresh trial on the same values: a forward
     that looks at what its kernels wrote and, finding it tampered with, hides. None: same path, or
@@ -591,7 +549,11 @@ def _compare_paths(paths: dict[str, list[str]]) -> str | None:
     refresh, knockout = paths.get("refresh"), paths.get("knockout")
     if refresh is None or knockout is None or refresh == knockout:
         return None
-    return _divergence(refresh, knockout, "on clean values", "in the knockout")
+    at = next((i for i, (a, b) in enumerate(zip(refresh, knockout)) if a != b), min(len(refresh), len(knockout)))
+    return (
+        f"after {', '.join(refresh[max(0, at - 3) : at]) or 'the start'}: {', '.join(refresh[at : at + 3]) or 'returned'} "
+        f"on clean values, {', '.join(knockout[at : at + 3]) or 'returned'} in the knockout"
+    )
 
 
 def _finish_observations(observations: Observations, counter: LaunchCounter, snapshot: IntegritySnapshot) -> Observations:
