@@ -28,9 +28,11 @@ from services.db.models import Job, RolloutGroup
 from services.db.session import session_scope
 from services.db.tasks import ensure_task
 from services.queue.names import GENERATE_TASK, TRAIN_ROUND_TASK
-from services.schemas.coder import KernelRequest
+from services.schemas.coder import KernelRequest, ServingModel
 from services.schemas.trainer import RunOut
 from tiny_lm import build_replying_lm, build_tiny_lm
+from trainer.config import LoopConfig
+from trainer.loop import served_weights
 
 GROUP = 8
 
@@ -175,3 +177,17 @@ def test_the_command_refuses_a_config_that_cannot_work_in_one_line(tmp_path: Pat
         timeout=120,
     )
     assert done.returncode == 1 and "config refused" in done.stderr and "Proposer RL is not built" in done.stderr
+
+
+def test_a_run_starts_from_the_weights_the_coder_samples_with(tmp_path: Path) -> None:
+    """A cold-start adapter (or a published whole model) being served is where training starts, so the
+    policy trained is the one that sampled; with nothing published, the base model."""
+    model = build_tiny_lm(tmp_path / "tiny")
+    lora = LoopConfig.model_validate(loop_config(model))
+    full = LoopConfig.model_validate(loop_config(model) | {"coder": {"model_path": str(model), "lora": None}})
+    configured = ServingModel(name="tiny", backend="hf")
+    adapter = ServingModel(id="v1", name="coder-v1", base_model=str(model), adapter_path=str(tmp_path / "coder-v1"), backend="hf")
+    whole = ServingModel(id="v1", name="coder-v1", base_model=str(tmp_path / "coder-v1"), backend="hf")
+    assert served_weights(configured, lora) is None and served_weights(configured, full) is None
+    assert served_weights(adapter, lora) == tmp_path / "coder-v1"
+    assert served_weights(whole, full) == tmp_path / "coder-v1" and served_weights(whole, lora) is None

@@ -94,6 +94,16 @@ class Generated:
     speed_paid_groups: int = 0  # groups where some reward went past 1: the CA-GRPO speed term paid
 
 
+def served_weights(serving: ServingModel, config: LoopConfig) -> Path | None:
+    """Where a run that has published nothing yet starts: the weights the Coder samples with (a
+    cold-start adapter, or a published whole model), so the policy trained is the one sampled."""
+    if config.coder.lora is not None:
+        return Path(serving.adapter_path) if serving.adapter_path else None
+    if serving.id is not None and serving.adapter_path is None and serving.base_model:
+        return Path(serving.base_model)
+    return None
+
+
 def claim_key(run_id: str, round_index: int) -> str:
     return f"{run_id}/r{round_index}"
 
@@ -262,7 +272,7 @@ def run_round(
     trainer = CoderTrainer(
         config.coder,
         total_steps=config.rounds * config.coder_steps,
-        resume_from=checkpoint.adapter_path,
+        resume_from=checkpoint.adapter_path or served_weights(serving, config),
         steps_done=checkpoint.rounds_done * config.coder_steps,
     )
     started = time.perf_counter()
