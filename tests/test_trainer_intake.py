@@ -26,7 +26,7 @@ from services.llm.hf_local import HFChatModel
 from services.llm.openai_chat import OpenAIChatModel
 from services.llm.openai_server import create_openai_app
 from services.schemas.coder import CandidateReport, KernelResult
-from services.schemas.reward import ScoredVerdict, ScoreOptions
+from services.schemas.reward import CAGRPOConfig, ScoredVerdict, ScoreOptions
 from tiny_lm import build_tiny_lm
 from trainer.intake import NO_CODE, coder_samples, record_coder_job
 from trainer.loss import completion_logps
@@ -152,3 +152,20 @@ def test_each_candidate_counts_by_its_verdict() -> None:
     ]
     assert [s.completion for s in samples] == ["reasoning a", "b", "just talk", "d", "e"]
     assert {s.prompt for s in samples} == {"You write GPU kernels.|Write a ReLU kernel."}
+
+
+def test_rewards_are_the_runs_ca_grpo_over_the_whole_group() -> None:
+    """The reward service scored the one distinct correct source once (its group: all correct, so the
+    speed term paid); over the job's eight replies, five with no program, 3/8 are correct, below the
+    threshold: no speed term. The run's own CA-GRPO settings apply."""
+    fast = ScoredVerdict(status="correct", reason="", reward=1.2, speedup=3.0)  # type: ignore[arg-type]
+    candidates = [CandidateReport(index=i, model="m", source="a", verdict=fast) for i in range(3)]
+    candidates += [CandidateReport(index=3 + i, model="m", source=None, declined="no program") for i in range(5)]
+    result = KernelResult(
+        correct=True, reason="", model="m", backend="triton", correct_fraction=1.0, prompt=MESSAGES, candidates=candidates
+    )
+    render = "|".join
+    assert [s.reward for s in coder_samples(result, lambda m: render(x["content"] for x in m))] == [1.0] * 3 + [0.0] * 5
+    always = CAGRPOConfig(speed_reward="always")
+    rewarded = [s.reward for s in coder_samples(result, lambda m: render(x["content"] for x in m), always)]
+    assert all(r is not None and r > 1.0 for r in rewarded[:3]) and rewarded[3:] == [0.0] * 5

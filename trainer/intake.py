@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from reward_svc import group_rewards
 from services.llm.chat import Message
 from services.schemas.coder import CandidateReport, KernelResult
+from services.schemas.reward import CAGRPOConfig
 from trainer.rollouts import UNSCORED, Sample, record_group
 
 NO_CODE = "no_code"
@@ -24,12 +26,23 @@ class IntakeError(ValueError):
     """A generation result that cannot become rollouts (no prompt to train on)."""
 
 
-def coder_samples(result: KernelResult, render: Callable[[list[Message]], str]) -> list[Sample]:
+def coder_samples(
+    result: KernelResult, render: Callable[[list[Message]], str], ca_grpo: CAGRPOConfig | None = None
+) -> list[Sample]:
     """One sample per candidate, in order. ``render`` turns the job's messages into the prompt text with
-    the trained model's chat template, where the backend did not report the text it rendered (vLLM)."""
+    the trained model's chat template, where the backend did not report the text it rendered (vLLM).
+
+    Where every candidate was judged, the rewards are the run's CA-GRPO (``ca_grpo``) over the whole
+    group: the reward service scored each distinct source once, so its correct fraction (which turns
+    the speed term on) left out replies with no program and counted repeats once."""
     rendered: str | None = None
     samples = []
-    for report in result.candidates:
+    judged = [_judged(report) for report in result.candidates]
+    if judged and all(status != UNSCORED for status, _ in judged):
+        correct = [status == "correct" for status, _ in judged]
+        speedups = [r.verdict.speedup if r.verdict is not None else None for r in result.candidates]
+        judged = [(status, reward) for (status, _), reward in zip(judged, group_rewards(correct, speedups, ca_grpo).rewards)]
+    for report, (status, reward) in zip(result.candidates, judged):
         tokens = report.tokens
         prompt = tokens.prompt if tokens is not None and tokens.prompt else None
         if prompt is None:
@@ -37,7 +50,6 @@ def coder_samples(result: KernelResult, render: Callable[[list[Message]], str]) 
                 raise IntakeError("the generation result holds no prompt: it was not sampled through a chat model")
             rendered = rendered if rendered is not None else render(result.prompt)
             prompt = rendered
-        status, reward = _judged(report)
         samples.append(
             Sample(
                 prompt=prompt,
@@ -66,8 +78,8 @@ def record_coder_job(
     *,
     task_id: str | None = None,
     model_version_id: str | None = None,
+    ca_grpo: CAGRPOConfig | None = None,
 ) -> str:
     """Store a training generation job's candidates as one rollout group (its id the job's)."""
-    return record_group(
-        "coder", coder_samples(result, render), group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=model_version_id
-    )
+    samples = coder_samples(result, render, ca_grpo)
+    return record_group("coder", samples, group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=model_version_id)

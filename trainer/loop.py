@@ -171,7 +171,9 @@ def generate(
         if cancelled():
             raise Cancelled
         result = _finished(services.coder, job_id, config.generation_timeout_s)
-        record_coder_job(job_id, result, render, task_id=task_id, model_version_id=result.model_version_id)
+        record_coder_job(
+            job_id, result, render, task_id=task_id, model_version_id=result.model_version_id, ca_grpo=config.coder.reward
+        )
         _count(generated, result)
         progress.advance()
     return generated
