@@ -36,10 +36,10 @@ from services.schemas.coder import KernelRequest, KernelResult, ScoringIn, Servi
 from services.schemas.proposer import FrontierOut, ProposeRequest
 from trainer.coder_rl import CoderTrainer, StepReport
 from trainer.config import LoopConfig
-from trainer.intake import record_coder_job
+from trainer.intake import coder_samples
 from trainer.publish import publish_coder
 from trainer.records import RunRecorder
-from trainer.rollouts import claim_groups
+from trainer.rollouts import UNSCORED, Sample, claim_groups, record_group
 
 
 class Cancelled(Exception):
@@ -171,10 +171,9 @@ def generate(
         if cancelled():
             raise Cancelled
         result = _finished(services.coder, job_id, config.generation_timeout_s)
-        record_coder_job(
-            job_id, result, render, task_id=task_id, model_version_id=result.model_version_id, ca_grpo=config.coder.reward
-        )
-        _count(generated, result)
+        samples = coder_samples(result, render, config.coder.reward)
+        record_group("coder", samples, group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=result.model_version_id)
+        _count(generated, samples)
         progress.advance()
     return generated
 
@@ -190,18 +189,14 @@ def _finished(coder: CoderClient, job_id: str, timeout_s: float) -> KernelResult
     return response.result
 
 
-def _count(generated: Generated, result: KernelResult) -> None:
-    """A reply with no program in it is a failure (reward 0), as the rollouts count it; a candidate the
-    reward service could not judge counts for nothing."""
+def _count(generated: Generated, samples: list[Sample]) -> None:
+    """The round's figures from the group's samples, as the trainer sees them (its rewards, a reply with
+    no program a failure); an unscored sample counts for nothing."""
+    rewards = [s.reward for s in samples if s.status != UNSCORED and s.reward is not None]
     generated.groups += 1
-    generated.candidates += len(result.candidates)
-    rewards = [
-        0.0 if c.verdict is None else (c.verdict.reward or 0.0)
-        for c in result.candidates
-        if (c.verdict is None and c.source is None) or (c.verdict is not None and c.verdict.status != "unverified")
-    ]
+    generated.candidates += len(samples)
     generated.scored += len(rewards)
-    generated.correct += sum(1 for c in result.candidates if c.verdict is not None and c.verdict.correct)
+    generated.correct += sum(1 for s in samples if s.status == "correct")
     generated.rewards += rewards
     generated.speed_paid_groups += any(r > 1.0 for r in rewards)
 
