@@ -27,16 +27,28 @@ CORPUS = [
 
 def build_tiny_lm(directory: Path, vocab_size: int = 400, seed: int = 0) -> Path:
     """Save a tokenizer and a random 2-layer Llama under ``directory``; return it."""
+    tokenizer = _save_tokenizer(directory, CORPUS * 4, vocab_size, split_words=True)
+    _random_llama(tokenizer, seed, max_positions=8192).save_pretrained(directory)
+    return directory
+
+
+def _save_tokenizer(directory: Path, corpus: list[str], vocab_size: int, *, split_words: bool) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``corpus``, with the chat template and special tokens; merges cross
+    word boundaries unless ``split_words``."""
     bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    bpe.train_from_iterator(CORPUS * 4, trainer=trainer)
+    bpe.train_from_iterator(corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|end|>", pad_token="<|pad|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def _random_llama(tokenizer: PreTrainedTokenizerFast, seed: int, max_positions: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -45,14 +57,13 @@ def build_tiny_lm(directory: Path, vocab_size: int = 400, seed: int = 0) -> Path
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=8192,
+        max_position_embeddings=max_positions,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
+    return LlamaForCausalLM(config)
 
 
 def build_lora(model_dir: Path, directory: Path, seed: int) -> Path:
@@ -71,32 +82,8 @@ def build_replying_lm(directory: Path, messages: list[dict[str, str]], reply: st
     temperature 1 (something else, no program, otherwise): a policy whose groups carry a signal
     and whose reward RL can raise. Its tokenizer's merges cross word boundaries, so the prompt and
     the reply are a few tokens each and sampling takes milliseconds."""
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator([m["content"] for m in messages] * 8 + [reply] * 8, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|end|>", pad_token="<|pad|>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(directory)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=512,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=None,
-            tie_word_embeddings=False,
-        )
-    )
+    tokenizer = _save_tokenizer(directory, [m["content"] for m in messages] * 8 + [reply] * 8, 2000, split_words=False)
+    model = _random_llama(tokenizer, seed, max_positions=512)
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     reply_ids = tokenizer(reply + "<|end|>", add_special_tokens=False)["input_ids"]
