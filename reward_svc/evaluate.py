@@ -193,8 +193,8 @@ class Evaluator:
         tolerance: Any,
     ) -> Verdict:
         cases = ref_result["cases"]
-        # the refresh trial (needs two cases), the knockout and, where it is timed, the last timed call
-        outputs = cases + (cases > 1) + 1 + (options.measure_speed and device == "cuda")
+        # the trials (one of them the knockout), the refresh, the recall and, where it is timed, the last timed call
+        outputs = cases + 2 + (options.measure_speed and device == "cuda")
         # judged as they come (OutputStream): those waiting for the judge, and the one being written
         at_once = min(outputs, OUTPUTS_IN_FLIGHT + 1)
         for attempt in range(MEMORY_RETRIES + 1):
@@ -236,6 +236,7 @@ class Evaluator:
             build = child.build_inbox if cached and child.build_inbox else child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             fingerprint_key = secrets.randbits(62)  # the judge's check that each output file is what its trial returned
+            knockout_case, copies_are_work = choose_knockout_case(ref_result)
             spec: CandidateSpec = {
                 "role": "candidate",
                 "candidate_path": str(child.workdir / "candidate.py"),
@@ -250,13 +251,11 @@ class Evaluator:
                 "timing_budget_s": options.timing_budget_s,
                 "fingerprint_key": fingerprint_key,
                 "outputs_in_flight": OUTPUTS_IN_FLIGHT,
-                "replay_case": ref_result.get("replay_case", 0),
-                "copies_are_work": bool(ref_result.get("copying_ops")),
+                "knockout_case": knockout_case,
+                "copies_are_work": copies_are_work,
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
-            files = TrialFiles(
-                child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"), ref_result.get("replay_case", 0)
-            )
+            files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"), knockout_case)
             started = time.perf_counter()
             with OutputStream(compare_files, files):
                 outcome, answer = child.run(spec)
@@ -327,6 +326,19 @@ def _secret_seeds() -> dict[str, Any]:
     that ignores the weights it was given cannot pass."""
     weights = secrets.randbelow(2**31 - 1)
     return {"input": secrets.randbelow(2**31 - 1), "weights": [weights, (weights + 1 + secrets.randbelow(2**30)) % (2**31 - 1)]}
+
+
+def choose_knockout_case(ref_result: ReferenceResult) -> tuple[int, bool]:
+    """(the case a candidate runs knocked out the first time it sees its values, whether copies are
+    poisoned there): a secret pick per candidate among the cases on which no reference op acts as a copy
+    (there an honest kernel of that op is a copy of PyTorch's result, and the knockout leaves copies
+    alone), so no trial is one a forward could know is not the knockout. Where every case has such an
+    op, any case, its copies poisoned like any write."""
+    copying = ref_result.get("copying_per_case") or [[] for _ in range(ref_result["cases"])]
+    copy_free = [case for case, ops in enumerate(copying[: ref_result["cases"]]) if not ops]
+    if copy_free:
+        return secrets.choice(copy_free), False
+    return secrets.randbelow(ref_result["cases"]), True
 
 
 def _crash_reason(outcome: SandboxResult, who: str) -> str:

@@ -14,6 +14,11 @@ from services.children.device import DeviceLockDescriptors
 from services.children.ops import Work
 from services.children.timing import Timing
 
+# The candidate's knockout trials, by output name: "knockout" runs a case the first time forward sees its
+# values (which case is the worker's secret), "recall" runs it once more after its clean run (the refresh),
+# so an answer remembered from an earlier call shows through.
+KNOCKOUTS = ("knockout", "recall")
+
 
 class _JobSpec(TypedDict):
     device: str
@@ -44,7 +49,9 @@ class CandidateSpec(_JobSpec):
     compile_cache_readonly: bool
     fingerprint_key: int  # the judge's check that each output file is what its trial returned
     outputs_in_flight: int
-    replay_case: int  # the case the refresh and knockout trials repeat (reference.replay_case)
+    # the case run as the knockout the first time its values are seen (the worker's secret pick among
+    # those on which no reference op acts as a copy), then clean (the refresh) and knocked out again (the recall)
+    knockout_case: int
     copies_are_work: bool  # the reference has an op that acts as a copy on that case: the knockout poisons copies too
 
 
@@ -58,8 +65,7 @@ class ReferenceResult(TypedDict, total=False):
     rounding_noise: list[list[float] | None]  # per case: the judge holds each trial to its own case's noise
     weight_seeds: list[int]
     compute_ops: dict[str, dict[str, int]]
-    replay_case: int
-    copying_ops: list[str]
+    copying_per_case: list[list[str]]  # per case: its ops that acted as a copy on its values
     work_per_case: list[Work]
     distributions: list[str]  # per case: the hidden distribution its inputs were drawn from
     outputs: list[dict[str, Any]]
@@ -83,12 +89,18 @@ class Observations(TypedDict, total=False):
     precision_changes: list[str]
     pytorch_output: str | None
     pytorch_output_kind: str | None
-    knockout_copies: int
-    knockout_path: str | None
-    knockout_raised: str
-    knockout_refused: str
-    knockout_stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead
+    knockouts: dict[str, KnockoutObservations]  # by trial: "knockout" (values never seen), "recall" (seen)
     kernel_share: float
+
+
+class KnockoutObservations(TypedDict, total=False):
+    """What one knockout trial recorded (``harness/candidate.py``)."""
+
+    copies: int  # launches that only copied, left alone
+    path: str | None  # where its path of ops and launches left the refresh trial's on the same values
+    raised: str  # forward raised on its kernels' poisoned results
+    refused: str  # a PyTorch op refused the poisoned values and no stand-in could be made
+    stood_in: list[str]  # ops that refused the knockout's values and returned wrong ones instead
 
 
 class CandidateResult(TypedDict, total=False):

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from reward_svc.protocol import CandidateResult, Observations, ReferenceResult
+from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
 from services.children import tensors
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
@@ -41,8 +41,9 @@ NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings
 FALLBACK_WORK_SHARE = 0.75
 COMPUTE_FAMILIES = ("contraction", "reduction", "pointwise")
 # The custom kernels must produce at least this share of the output: the elements the knockout
-# (their writes poisoned) changes, among those not at a saturated value (0, the output's minimum or
-# maximum: a ReLU or clamp after the kernel maps poison there too). Most of it, not half: a kernel
+# (their writes poisoned) changes, among those not at a saturated value (the output's minimum or
+# maximum: a ReLU or clamp after the kernel maps poison there too; within atol of 0: so does an
+# underflowing softmax). Most of it, not half: a kernel
 # for every other row and PyTorch for the rest is PyTorch's half-answer.
 MIN_KERNEL_SHARE = 0.75
 HOST_BYTES_MAX = 1024  # bytes one forward may read into Python (.item(), float(t)): shapes and constants, not the answer
@@ -231,21 +232,22 @@ class FileComparer:
 @dataclass(frozen=True)
 class TrialFiles:
     """The output files a candidate's harness writes, by name, each judged against the expected
-    output (and rounding noise) of one reference case: the trials their own, the refresh and knockout
-    the replayed case's, the timed calls' check the case named in its file."""
+    output (and rounding noise) of one reference case: the trials their own, but the knockout case,
+    whose knockout, refresh (its clean run) and recall are its; the timed calls' check the case
+    named in its file."""
 
     cand_dir: Path
     ref_dir: Path
     cases: int
     rounding_noise: list[Any] | None = None
-    replay_case: int = 0
+    knockout_case: int = 0
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
         return {
-            **{f"output_{case}": case for case in range(self.cases)},
-            "output_refresh": self.replay_case,
-            "output_knockout": self.replay_case,
+            **{f"output_{case}": case for case in range(self.cases) if case != self.knockout_case},
+            **{f"output_{trial}": self.knockout_case for trial in KNOCKOUTS},
+            "output_refresh": self.knockout_case,
             **{f"output_timed_{case}": case for case in range(self.cases)},
         }
 
@@ -347,6 +349,47 @@ def judge(
         return early.verdict
 
 
+def _judge_knockout(
+    knockout: Comparison, seen: KnockoutObservations, observations: Observations, ref_result: ReferenceResult, max_error: float
+) -> Verdict | None:
+    """What one knockout's output (everything the custom kernels wrote poisoned) says: a decoy when it
+    stays right, PyTorch's work when it changes on too few of its values."""
+    if knockout.ok and seen.get("copies"):
+        # the kernels only copied (the knockout leaves copies alone): where provenance or the op accounting
+        # says PyTorch computed what they carried, that is the more exact verdict
+        if observations.get("pytorch_output_kind") == "copied":
+            return Verdict(
+                "rejected",
+                f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+                "(followed through the refresh trial)",
+                guard="pytorch_fallback",
+                max_abs_error=_finite(max_error),
+            )
+        delegated = pytorch_work(observations, ref_result)
+        if delegated:
+            reason = f"{delegated}; the custom kernels only copy"
+            return Verdict("rejected", reason, guard="pytorch_fallback", max_abs_error=_finite(max_error))
+    if knockout.ok:
+        return Verdict(
+            "rejected",
+            "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
+            "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
+            guard="decoy_kernel",
+            max_abs_error=_finite(max_error),
+        )
+    if knockout.mismatched is not None and knockout.mismatched < MIN_KERNEL_SHARE:
+        return Verdict(
+            "rejected",
+            f"the custom kernels produce {knockout.mismatched:.1%} of the output: with everything they "
+            f"wrote destroyed, the other {1 - knockout.mismatched:.1%} of its (unsaturated) values stay right, so "
+            f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
+            guard="kernel_share",
+            max_abs_error=_finite(max_error),
+            details={"kernel_share": knockout.mismatched},
+        )
+    return None
+
+
 def _judge_outputs(
     ref_result: ReferenceResult,
     cand_result: CandidateResult,
@@ -363,6 +406,8 @@ def _judge_outputs(
     max_error = 0.0
     trials = files.cases
     for case in range(trials):
+        if case == files.knockout_case:  # its clean run is the refresh
+            continue
         ok, why, error, _ = against_reference(f"output_{case}")
         max_error = max(max_error, error)
         if not ok:
@@ -372,74 +417,45 @@ def _judge_outputs(
                 max_abs_error=_finite(max_error),
                 details={"observations": observations},
             )
-    if produced("output_refresh"):
-        ok, why, _, _ = against_reference("output_refresh")
-        if not ok:
-            return Verdict(
-                "rejected",
-                f"stale result: new values written into the same input tensors gave a wrong answer ({why}); "
-                "the candidate returns what an earlier call left (a cache, or memory not written this call)",
-                guard="cross_call_cache",
-                max_abs_error=_finite(max_error),
-            )
-    if produced("output_knockout"):
-        knockout = against_reference("output_knockout")
-        if knockout.ok and observations.get("knockout_copies"):
-            # the kernels only copied (the knockout leaves copies alone): where provenance or the op accounting
-            # says PyTorch computed what they carried, that is the more exact verdict
-            if observations.get("pytorch_output_kind") == "copied":
-                return Verdict(
-                    "rejected",
-                    f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-                    "(followed through the refresh trial)",
-                    guard="pytorch_fallback",
-                    max_abs_error=_finite(max_error),
-                )
-            delegated = pytorch_work(observations, ref_result)
-            if delegated:
-                return Verdict(
-                    "rejected",
-                    f"{delegated}; the custom kernels only copy",
-                    guard="pytorch_fallback",
-                    max_abs_error=_finite(max_error),
-                )
-        if knockout.ok:
-            return Verdict(
-                "rejected",
-                "decoy: the output stays correct when everything the custom kernels wrote is destroyed, "
-                "so they do not compute it (PyTorch does, or a result remembered from an earlier call is returned)",
-                guard="decoy_kernel",
-                max_abs_error=_finite(max_error),
-            )
-        if knockout.mismatched is not None and knockout.mismatched < MIN_KERNEL_SHARE:
-            return Verdict(
-                "rejected",
-                f"the custom kernels produce {knockout.mismatched:.1%} of the output: with everything they "
-                f"wrote destroyed, the other {1 - knockout.mismatched:.1%} of its (unsaturated) values stay right, so "
-                f"PyTorch or the host computes them (at least {MIN_KERNEL_SHARE:.0%} must be the kernels')",
-                guard="kernel_share",
-                max_abs_error=_finite(max_error),
-                details={"kernel_share": knockout.mismatched},
-            )
-        if knockout.mismatched is not None:
-            observations["kernel_share"] = knockout.mismatched
-    if observations.get("knockout_raised"):
+    ok, why, error, _ = against_reference("output_refresh")  # the knockout case's clean run
+    max_error = max(max_error, error)
+    if not ok:
         return Verdict(
             "rejected",
-            "forward raised when its kernels' results were replaced "
-            f"({observations['knockout_raised'][:200]}): it checks what its own kernels wrote, hiding from the knockout trial",
-            guard="knockout_evasion",
+            f"trial {files.knockout_case + 1}'s values, run after the other trials in the tensors one of them used, "
+            f"gave a wrong answer ({why}): the candidate returns what an earlier call left (a cache, or memory not "
+            "written this call), or is wrong on those values",
+            guard="cross_call_cache",
             max_abs_error=_finite(max_error),
         )
-    if observations.get("knockout_path"):
-        return Verdict(
-            "rejected",
-            "forward took another path when its kernels' results were tampered with than on the same values "
-            f"untouched ({observations['knockout_path']}): it inspects what its own kernels wrote, a decoy hiding from "
-            "the knockout trial",
-            guard="knockout_evasion",
-            max_abs_error=_finite(max_error),
-        )
+    knockouts = observations.get("knockouts") or {}
+    for trial in KNOCKOUTS:
+        if not produced(f"output_{trial}"):
+            continue
+        comparison = against_reference(f"output_{trial}")
+        rejection = _judge_knockout(comparison, knockouts.get(trial) or {}, observations, ref_result, max_error)
+        if rejection:
+            return rejection
+        if comparison.mismatched is not None:
+            observations["kernel_share"] = min(comparison.mismatched, observations.get("kernel_share", 1.0))
+    for trial in KNOCKOUTS:
+        seen = knockouts.get(trial) or {}
+        if seen.get("raised"):
+            return Verdict(
+                "rejected",
+                f"forward raised when its kernels' results were replaced ({seen['raised'][:200]}): it checks what its "
+                "own kernels wrote, hiding from the knockout trial",
+                guard="knockout_evasion",
+                max_abs_error=_finite(max_error),
+            )
+        if seen.get("path"):
+            return Verdict(
+                "rejected",
+                "forward took another path when its kernels' results were tampered with than on the same values "
+                f"untouched ({seen['path']}): it inspects what its own kernels wrote, a decoy hiding from the knockout trial",
+                guard="knockout_evasion",
+                max_abs_error=_finite(max_error),
+            )
     if observations.get("pytorch_output"):
         return Verdict(
             "rejected",
@@ -450,13 +466,12 @@ def _judge_outputs(
         )
     # An op that refused the knockout's values leaves no measure of the kernels' share: PyTorch's own
     # work must then show it small, as the knockout would have (a refusal is no way around the share).
-    refused = bool(observations.get("knockout_refused"))
+    refused = next((seen["refused"] for seen in knockouts.values() if seen.get("refused")), None)
     delegated = pytorch_work(observations, ref_result, 1 - MIN_KERNEL_SHARE if refused else FALLBACK_WORK_SHARE)
     if delegated:
         if refused:
             delegated += (
-                f" (an op refused the knockout's values, {observations['knockout_refused'][:120]}: "
-                "PyTorch's work alone must show the kernels' share)"
+                f" (an op refused the knockout's values, {refused[:120]}: PyTorch's work alone must show the kernels' share)"
             )
         return Verdict("rejected", delegated, guard="pytorch_fallback", max_abs_error=_finite(max_error))
 
@@ -684,7 +699,7 @@ def _compare_tensor(
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         bad += int(outside.sum())
         if not ref.is_complex():
-            mask = _informative(ref_part, ref_finite, low, high)
+            mask = _informative(ref_part, ref_finite, low, high, atol)
             informative += int(mask.sum())
             informative_bad += int((outside & mask).sum())
     if pattern_differs:
@@ -718,10 +733,12 @@ def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None
     return (low, high) if low <= high else (None, None)
 
 
-def _informative(ref: torch.Tensor, finite: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
-    """Values that tell whether the kernels' writes reached them: finite, and not at a saturated value
-    (0, the output's minimum or its maximum), where glue such as a ReLU or a clamp maps poison too."""
-    mask = finite & (ref != 0)
+def _informative(ref: torch.Tensor, finite: torch.Tensor, low: float | None, high: float | None, atol: float) -> torch.Tensor:
+    """Values that tell whether the kernels' writes reached them: finite, not at a saturated value (the
+    output's minimum or its maximum), where glue such as a ReLU or a clamp maps poison too, and not
+    within ``atol`` of 0, where glue that underflows (a softmax's far tail on wide inputs) maps
+    poison to a value as close to 0, which the tolerance cannot tell from the right one."""
+    mask = finite & (ref.abs() > atol)
     if low is not None:
         mask &= (ref != low) & (ref != high)
     return mask

@@ -106,7 +106,8 @@ HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
             "key = tuple(x.shape)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nreturn CACHE[key]",
             extra="CACHE = {}",
         ),
-        ("conditional_fallback", "incorrect"),
+        # filled by the warm-up, so no judged call launches; else a trial's answer for another's values
+        ("no_custom_kernel", "conditional_fallback", "incorrect"),
     ),
     "cache_by_address": (
         candidate(
@@ -115,23 +116,25 @@ HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
         ),
         "cross_call_cache",
     ),
-    # Keyed on the values: the refresh trial (same values, other tensors) hits the cache and is right;
-    # the knockout replays case 0, so the remembered output shows through the poisoned kernels.
+    # Keyed on the values: the knockout (the first time the values are seen) fills the cache with what its
+    # poisoned kernel wrote, which the refresh returns; or the recall shows the remembered output through the
+    # poisoned kernels.
     "cache_by_content": (
         candidate(
             "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
             "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
             extra="CACHE = {}",
         ),
-        "decoy_kernel",
+        ("cross_call_cache", "decoy_kernel"),
     ),
-    # Returns nothing on the refresh trial (the fourth call), hoping a trial without output is taken for one never run.
+    # Returns nothing on the refresh trial (the sixth call: two warm-ups, three trials), hoping a trial
+    # without output is taken for one never run.
     "skips_the_refresh_trial": (
         candidate(
-            "CALLS.append(1)\nif len(CALLS) == 4:\n    return None\nreturn launch_relu(x, torch.empty_like(x))",
+            "CALLS.append(1)\nif len(CALLS) == 6:\n    return None\nreturn launch_relu(x, torch.empty_like(x))",
             extra="CALLS = []",
         ),
-        "cross_call_cache",
+        ("cross_call_cache", "conditional_fallback"),
     ),
     "mutates_input": (candidate("return launch_relu(x, x)"), "input_mutation"),
     "patches_timer_statically": (

@@ -184,7 +184,7 @@ def _judge_with(tmp_path: Path, plant: Callable[[Path], None]) -> Verdict:
     ref_dir, cand_dir = tmp_path / "ref", tmp_path / "cand"
     ref_dir.mkdir(), cand_dir.mkdir()
     tensors.save(ref_dir / "expected_0.pt", torch.randn(64))
-    plant(cand_dir / "output_0.pt")
+    plant(cand_dir / "output_refresh.pt")  # one case, the knockout case: its clean run is the refresh
     compare_files = verify.FileComparer(verify.Tolerance())
     return verify.judge(
         {"status": "ok", "cases": 1},

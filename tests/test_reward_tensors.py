@@ -84,11 +84,11 @@ def _trial_files(tmp_path: Path, key: int) -> tuple[dict, Path, Path]:
     for case, value in enumerate(expected):
         tensors.save(ref_dir / f"expected_{case}.pt", value)
     outputs = TrialOutputs(cand_dir, key)
-    for name, value in [
-        ("output_0", expected[0]),
+    for name, value in [  # case 0 is the knockout case: the refresh is its clean run
+        ("output_knockout", torch.full((64,), float("nan"))),
         ("output_1", expected[1]),
         ("output_refresh", expected[0]),
-        ("output_knockout", torch.full((64,), float("nan"))),
+        ("output_recall", torch.full((64,), float("nan"))),
     ]:
         outputs.write(outputs.take(name, value.clone()))
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
@@ -126,7 +126,7 @@ def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path
     assert removed.status == "rejected" and removed.guard == "output_tampering" and "missing" in removed.reason
 
     result, ref_dir, cand_dir = _trial_files(tmp_path / "unrecorded", key)
-    del result["output_fingerprints"]["output_0"]
+    del result["output_fingerprints"]["output_1"]
     unrecorded = verdict()
     assert unrecorded.guard == "output_tampering" and "someone other than the harness" in unrecorded.reason
 
@@ -180,10 +180,10 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     published = []
     with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
         for name, value in [
-            ("output_0", expected[0]),
+            ("output_knockout", torch.zeros(64)),
             ("output_1", expected[1] + 1),
             ("output_refresh", expected[0]),
-            ("output_knockout", torch.zeros(64)),
+            ("output_recall", torch.zeros(64)),
         ]:
             outputs.write(outputs.take(name, value.clone()))
             published.append(len(list(cand_dir.glob("output_*.pt"))))
@@ -200,7 +200,7 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     writer.start()
     time.sleep(0.5)
     assert not (tmp_path / "layout" / "cand" / "output_timed.pt").exists()  # four published files wait for the judge
-    for name in ("output_0", "output_1", "output_refresh", "output_knockout"):
+    for name in ("output_knockout", "output_1", "output_refresh", "output_recall"):
         (tmp_path / "layout" / "cand" / f"{name}.pt").unlink()
     writer.join(10)
     assert (tmp_path / "layout" / "cand" / "output_timed.pt").exists()
@@ -272,8 +272,8 @@ def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(
     assert judged.status == "incorrect" and judged.reason.startswith("trial 2 of 2"), judged.reason
 
     result, ref_dir, cand_dir = _trial_files(tmp_path / "planted", key)
-    (cand_dir / "output_0.pt").unlink()
-    (cand_dir / "output_0.pt").mkdir()
+    (cand_dir / "output_refresh.pt").unlink()
+    (cand_dir / "output_refresh.pt").mkdir()
     compare_files = verify.FileComparer(verify.Tolerance(), key=key)
     with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
         deadline = time.monotonic() + 10
@@ -293,3 +293,20 @@ def test_the_timing_check_runs_on_a_case_with_the_timed_models_weights() -> None
     assert check_position([0, 1], 2) == 1  # no other case with case 0's weights: the next, with its own model
     assert check_position([0, 2], 2) == 1
     assert check_position([0], 2) == 0
+
+
+def test_the_knockout_case_is_a_secret_pick_among_the_cases_without_copies() -> None:
+    """No trial is one a forward could know is not the knockout: every case on which no reference op
+    acts as a copy is picked, each often; a case with one never is, unless every case has one (then
+    any, its copies poisoned)."""
+    from collections import Counter
+
+    from reward_svc.evaluate import choose_knockout_case
+
+    picks = Counter(
+        choose_knockout_case({"status": "ok", "cases": 3, "copying_per_case": [[], ["aten.clamp"], []]}) for _ in range(600)
+    )
+    assert set(picks) == {(0, False), (2, False)} and min(picks.values()) > 200, picks
+    everywhere = {"status": "ok", "cases": 2, "copying_per_case": [["aten.relu"], ["aten.relu"]]}
+    assert {choose_knockout_case(everywhere) for _ in range(200)} == {(0, True), (1, True)}
+    assert {choose_knockout_case({"status": "ok", "cases": 2}) for _ in range(200)} == {(0, False), (1, False)}

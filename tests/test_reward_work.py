@@ -347,14 +347,15 @@ REPLAY_AWARE = {
         "x = inputs[0]\nkey = tuple(float(v) for v in x.reshape(-1)[:4])\nseen = key in SEEN\nSEEN.append(key)\n"
         "if seen:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
     ),
+    # two warm-ups (one per model) and three trials, then the refresh and the recall
     "by counting calls": (
         "CALLS = []\n",
-        "x = inputs[0]\nCALLS.append(1)\nif len(CALLS) > 3:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
+        "x = inputs[0]\nCALLS.append(1)\nif len(CALLS) > 5:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
     ),
     # the same ops in the same order every call, only the kernel's slice grows in the replays
     "by counting calls, the same path": (
         "CALLS = []\n",
-        "x = inputs[0]\nCALLS.append(1)\nk = x.shape[0] if len(CALLS) > 3 else x.shape[0] * 27 // 100 + 1\n"
+        "x = inputs[0]\nCALLS.append(1)\nk = x.shape[0] if len(CALLS) > 5 else x.shape[0] * 27 // 100 + 1\n"
         "out = torch.empty_like(x)\nout[:k] = launch_clamp(x[:k].contiguous(), -1.0, 1.0)\n"
         "out[k:] = torch.clamp(x[k:], -1.0, 1.0)\nreturn out\n",
     ),
@@ -362,9 +363,10 @@ REPLAY_AWARE = {
 
 
 @pytest.mark.slow  # sandboxed children
-@pytest.mark.xfail(strict=True, reason="known limit: the replays are recognisable (docs/REWARD.md)")
 @pytest.mark.parametrize("name", sorted(REPLAY_AWARE))
 def test_a_forward_that_recognises_the_replays_is_not_paid(evaluator: Evaluator, name: str) -> None:
+    """Kernels for all of it on the calls a forward can tell are repeats, PyTorch for most of it on the
+    trials: the knockout is one of the trials (the worker's secret pick), never a repeat."""
     state, forward = REPLAY_AWARE[name]
     source = kernel_candidate(forward + SPLIT_CLAMP, CLAMP_KERNEL + "\n" + state)
     assert not check_source(source)

@@ -3,7 +3,8 @@
 This process never sees the reference module, its outputs or its input seed. It records what
 the verdict needs: the outputs of every trial (judged by the worker) and of the last timed call
 (a forward that knows it is being timed must still compute), the custom-kernel launches,
-the output of a *knockout* trial (custom kernels' results poisoned), late writes after return,
+the outputs of the *knockout* trials (custom kernels' results poisoned: one trial, the worker's
+secret pick, and its recall after the refresh), late writes after return,
 input mutation, stray threads, replaced harness functions, changed precision flags.
 Each trial's output is written as soon as it is final (one output in host memory at a time: a
 KernelBench level-1 output is 6.4 GB), with a keyed fingerprint taken on the device at that
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import threading
 import time
 import traceback
@@ -33,7 +35,7 @@ import torch
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, install_audit_hook
 from reward_svc.harness.reference import timing_rotation
 from reward_svc.policy import check_native_sources
-from reward_svc.protocol import CandidateResult, CandidateSpec, Observations
+from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
 from services.children import tensors
 from services.children.device import device_released
 from services.children.loading import import_file
@@ -202,7 +204,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}
 
     models: dict[int, torch.nn.Module] = {}
-    case_args: list[Any] = []
+    case_args: dict[int, Any] = {}  # the clean trials' inputs: the refresh writes into one of them
     phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
     lock = spec.get("gpu_lock")
 
@@ -219,24 +221,23 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
             outputs.write(taken)
             phases.lap("outputs")
 
+    paths: dict[str, list[str]] = {}  # the ops and launches of the knockout case's runs, by trial
+    run_case = functools.partial(_run_case, module, models, spec, exchange, counter, observations, baseline_threads)
+    knockout = functools.partial(_knockout_trial, module, models, spec, exchange, counter, observations, paths)
     try:
         with torch.no_grad():
+            for case in range(min(spec["trials"], len(spec["weight_seeds"]))):
+                trial("warm-up", functools.partial(_warm_up, module, models, spec, exchange, case))
             for case in range(spec["trials"]):
-                trial(
-                    f"output_{case}",
-                    functools.partial(
-                        _run_case, module, models, spec, exchange, case, counter, observations, baseline_threads, case_args
-                    ),
-                )
-            paths: dict[str, list[str]] = {}
-            # skipped where there is one case, or the cases' inputs differ in shape
-            trial(
-                "output_refresh", lambda: _refresh_trial(module, models, spec, exchange, case_args, counter, paths, observations)
-            )
-            if counter.total:
-                trial("output_knockout", lambda: _knockout_trial(module, models, spec, exchange, counter, paths, observations))
-                knocked_out = "knockout_raised" not in observations and "knockout_refused" not in observations
-                observations["knockout_path"] = _compare_paths(paths) if knocked_out else None
+                if case == spec["knockout_case"]:
+                    trial("output_knockout", functools.partial(knockout, "knockout"))
+                else:
+                    trial(f"output_{case}", functools.partial(run_case, case, case_args=case_args))
+            trial("output_refresh", lambda: _refresh_trial(run_case, spec, exchange, case_args, counter, paths, observations))
+            trial("output_recall", functools.partial(knockout, "recall"))
+            for name, seen in observations.get("knockouts", {}).items():
+                if "raised" not in seen and "refused" not in seen:
+                    seen["path"] = _compare_paths(paths, name)
     except Rejected as rejection:
         return {"status": "rejected", "guard": rejection.rule, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
@@ -350,23 +351,43 @@ def _model_for(
     return models[weight_seed]
 
 
+def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int) -> Any:
+    """One unjudged call of the model a case uses, on its values scaled by a secret factor, before any
+    trial: what a forward does once (a weight packed, a Triton kernel autotuned, a buffer kept) is done
+    before the knockout, which may then be any trial, and never poisons what later calls reuse."""
+    scale = 0.5 + 0.4 * random.Random(spec["fingerprint_key"] ^ case).random()
+    args = _case_inputs(spec, exchange, case)
+    for t in tensors.tensors_in(args):
+        if t.is_floating_point():
+            t.mul_(scale)  # in place: a level-1 input is GBs
+    with judged_conditions():
+        _model_for(module, models, spec, exchange, case)(*args)
+    _settle(spec["device"])
+    return SKIPPED
+
+
 def _run_case(
     module: Any,
     models: dict[int, torch.nn.Module],
     spec: CandidateSpec,
     exchange: Path,
-    case: int,
     counter: LaunchCounter,
     observations: Observations,
     baseline_threads: int,
-    case_args: list[Any],
+    case: int,
+    *,
+    case_args: dict[int, Any] | None = None,
+    args: Any = None,
+    recorder: OpRecorder | None = None,
 ) -> Any:
-    """One correctness case; its inputs join ``case_args`` (the refresh trial writes into them)."""
+    """One clean run of a case: a trial on its own inputs (which join ``case_args``), or the refresh
+    on ``args``. Its launches and PyTorch's work are the case's."""
     model = _model_for(module, models, spec, exchange, case)
-    args = _case_inputs(spec, exchange, case)
+    if args is None:
+        args = _case_inputs(spec, exchange, case)
     pristine = tensors.clone(args)
     launches_before = counter.total
-    recorder = OpRecorder()
+    recorder = recorder or OpRecorder()
     streams = _stream_and_device(spec["device"])
     counter.recorder = recorder
     try:
@@ -379,10 +400,11 @@ def _run_case(
         raise Rejected("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
         observations["compute_ops"] = recorder.compute_ops()
-    observations["work_per_case"].append(recorder.work())
+    # in case order: the knockout case's clean run, the refresh, comes after the other trials
+    observations["work_per_case"].insert(case, recorder.work())
     returned = tensors.clone(out)  # what the caller sees the moment forward returns
     _settle(spec["device"])
-    observations["launches_per_case"].append(counter.total - launches_before)
+    observations["launches_per_case"].insert(case, counter.total - launches_before)
     if not all(tensors.same_bits(a, b) for a, b in zip(tensors.tensors_in(returned), tensors.tensors_in(out))):
         raise Rejected(
             "late_write", "the output changed after forward returned: work was left running on a side stream or thread"
@@ -394,7 +416,8 @@ def _run_case(
         raise Rejected("input_mutation", f"forward modified its input tensor(s) {mutated}")
     if threading.active_count() > baseline_threads:
         raise Rejected("background_thread", "forward left a thread running after it returned")
-    case_args.append(args)
+    if case_args is not None:
+        case_args[case] = args
     return out
 
 
@@ -451,53 +474,33 @@ def judged_conditions() -> Iterator[None]:
         deterministic.fill_uninitialized_memory = previous[1]  # type: ignore[attr-defined]
 
 
-@contextlib.contextmanager
-def _replay(
-    counter: LaunchCounter, paths: dict[str, list[str]], name: str, *, knockout: bool = False, provenance_key: int | None = None
-) -> Iterator[OpRecorder]:
-    """The two replays of one case's values (refresh and knockout), under the judged conditions, with
-    the path forward takes recorded, so the two can be told apart only by the knockout's poison."""
-    recorder = OpRecorder(provenance_key)
-    counter.recorder, counter.knockout = recorder, knockout
-    recorder.stand_in_for_refusals = knockout
-    try:
-        with judged_conditions(), recorder:
-            yield recorder
-    finally:
-        counter.recorder, counter.knockout = None, False
-        paths[name] = recorder.path
-
-
 def _refresh_trial(
-    module: Any,
-    models: dict[int, torch.nn.Module],
+    run_case: Callable[..., Any],
     spec: CandidateSpec,
     exchange: Path,
-    case_args: list[Any],
+    case_args: dict[int, Any],
     counter: LaunchCounter,
     paths: dict[str, list[str]],
     observations: Observations,
 ) -> Any:
-    """The replayed case's values (``replay_case``, mostly case 0) written into the *same* tensors
-    another case used (the last, or case 0 where the last is replayed): defeats caches keyed on
-    tensor identity, address or shape. It also follows what the custom kernels wrote: an output
-    whose values a PyTorch op computed from data they never touched was not theirs, however it
-    was routed (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
-    last, replay = len(case_args) - 1, spec["replay_case"]
-    if last == 0:  # one trial asked for: the same values in the same tensors test nothing
-        return SKIPPED
-    args = case_args[last if replay != last else 0]
-    targets = tensors.tensors_in(args)
-    fresh = tensors.tensors_in(_case_inputs(spec, exchange, replay))
-    if [t.shape for t in targets] != [t.shape for t in fresh]:
-        return SKIPPED
-    for target, value in zip(targets, fresh):
-        target.copy_(value)
-    model = _model_for(module, models, spec, exchange, replay)
-    with _replay(counter, paths, "refresh", provenance_key=spec["fingerprint_key"]) as recorder:
-        out = model(*args)
-        _settle(spec["device"])
-    check_returned(out, args)
+    """The knockout case's clean run, after the other trials: its values written into the *same* tensors
+    the last of them used (where their shapes match): defeats caches keyed on tensor identity,
+    address or shape. It also follows what the custom kernels wrote: an output whose values a
+    PyTorch op computed from data they never touched was not theirs, however it was routed
+    (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
+    case = spec["knockout_case"]
+    values = _case_inputs(spec, exchange, case)
+    args = values
+    for other in sorted(case_args, reverse=True):
+        targets = tensors.tensors_in(case_args[other])
+        if [t.shape for t in targets] == [t.shape for t in tensors.tensors_in(values)]:
+            for target, value in zip(targets, tensors.tensors_in(values)):
+                target.copy_(value)
+            args = case_args[other]
+            break
+    recorder = OpRecorder(spec["fingerprint_key"])
+    out = run_case(case, args=args, recorder=recorder)
+    paths["refresh"] = recorder.path
     if counter.total:
         found = recorder.pytorch_source(out)
         observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
@@ -510,49 +513,60 @@ def _knockout_trial(
     spec: CandidateSpec,
     exchange: Path,
     counter: LaunchCounter,
-    paths: dict[str, list[str]],
     observations: Observations,
+    paths: dict[str, list[str]],
+    name: str,
 ) -> Any:
-    """Run the replayed case once more with every custom kernel's writes poisoned and uninitialised memory
-    filled with NaN: an output that is still right was not computed by the custom kernels (or was
-    remembered from the first call, a cache keyed on the inputs' values). Glue that cannot take
+    """Run the knockout case with every custom kernel's writes poisoned and uninitialised memory filled
+    with NaN: an output that is still right was not computed by the custom kernels (or was
+    remembered from an earlier call, a cache keyed on the inputs' values: the ``recall``, after
+    the refresh). The ``knockout`` runs in the trials' place, the first time forward sees the case's
+    values: which trial it is no forward can know, so none can keep its kernels for the knockout and
+    hand PyTorch the answer in the trials. Glue that cannot take
     wrong values (a Cholesky factor of what is no longer positive-definite) may have a PyTorch op
     refuse them: it returns wrong values of its result's shapes instead (``OpRecorder._stand_in``),
     and where it cannot, the op accounting is the check left, held to the share the knockout would
-    have (``knockout_refused``). Any other error (forward's own, on what it found in its
-    kernels' output) is a forward hiding from the knockout (``knockout_raised``)."""
-    model = _model_for(module, models, spec, exchange, spec["replay_case"])
-    args = _case_inputs(spec, exchange, spec["replay_case"])
+    have (``refused``). Any other error (forward's own, on what it found in its
+    kernels' output) is a forward hiding from the knockout (``raised``)."""
+    case = spec["knockout_case"]
+    model = _model_for(module, models, spec, exchange, case)
+    args = _case_inputs(spec, exchange, case)
+    seen: KnockoutObservations = observations.setdefault("knockouts", {}).setdefault(name, {})
     failed_launches = counter.failures.total()
+    recorder = OpRecorder()
+    recorder.stand_in_for_refusals = True
+    counter.recorder, counter.knockout, counter.copies = recorder, True, 0
     try:
-        with _replay(counter, paths, "knockout", knockout=True) as recorder:
+        with judged_conditions(), recorder:
             out = model(*args)
             _settle(spec["device"])
     except Exception as exc:  # the candidate's own error on poisoned values
         raised = f"{type(exc).__name__}: {exc}"[:300]
         if exc is recorder.op_error and counter.failures.total() == failed_launches:  # an op's, not a launch's: refused
-            observations["knockout_refused"] = raised
+            seen["refused"] = raised
         else:
-            observations["knockout_raised"] = raised
+            seen["raised"] = raised
         return SKIPPED
+    finally:
+        counter.recorder, counter.knockout = None, False
+        paths[name] = recorder.path
     check_returned(out, args)
-    observations["knockout_copies"] = counter.copies
+    seen["copies"] = counter.copies
     if recorder.stood_in:
-        observations["knockout_stood_in"] = recorder.stood_in[:8]
+        seen["stood_in"] = recorder.stood_in[:8]
     return out
 
 
-def _compare_paths(paths: dict[str, list[str]]) -> str | None:
-    """Where the knockout took another path than the refresh trial on the same values: a forward
-    that looks at what its kernels wrote and, finding it tampered with, hides. None: same path, or
-    no refresh trial to compare with."""
-    refresh, knockout = paths.get("refresh"), paths.get("knockout")
-    if refresh is None or knockout is None or refresh == knockout:
+def _compare_paths(paths: dict[str, list[str]], knockout: str) -> str | None:
+    """Where a knockout took another path than the refresh trial on the same values: a forward
+    that looks at what its kernels wrote and, finding it tampered with, hides. None: the same path."""
+    clean, poisoned = paths.get("refresh"), paths.get(knockout)
+    if clean is None or poisoned is None or clean == poisoned:
         return None
-    at = next((i for i, (a, b) in enumerate(zip(refresh, knockout)) if a != b), min(len(refresh), len(knockout)))
+    at = next((i for i, (a, b) in enumerate(zip(clean, poisoned)) if a != b), min(len(clean), len(poisoned)))
     return (
-        f"after {', '.join(refresh[max(0, at - 3) : at]) or 'the start'}: {', '.join(refresh[at : at + 3]) or 'returned'} "
-        f"on clean values, {', '.join(knockout[at : at + 3]) or 'returned'} in the knockout"
+        f"after {', '.join(clean[max(0, at - 3) : at]) or 'the start'}: {', '.join(clean[at : at + 3]) or 'returned'} "
+        f"on clean values, {', '.join(poisoned[at : at + 3]) or 'returned'} in the {knockout}"
     )
 
 

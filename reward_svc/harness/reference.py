@@ -101,7 +101,6 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
             if case == 0:
                 n_cases = cases_within(spec["trials"], case_bytes, spec.get("exchange_max_bytes"))
             case += 1
-    replay = replay_case(copying)
     result: ReferenceResult = {
         "status": "ok",
         "cases": n_cases,
@@ -110,10 +109,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
         "rounding_noise": noise,
         "weight_seeds": spec["weight_seeds"],
         "compute_ops": recorder.compute_ops(),
-        "replay_case": replay,
-        # ops that act as a copy on the replayed case's values: there an honest kernel of theirs looks
-        # like a copy, so the candidate's knockout poisons copies too
-        "copying_ops": copying[replay],
+        "copying_per_case": copying,
         "work_per_case": work_per_case,
         "distributions": distributions,
         "input_bytes": input_bytes,
@@ -127,9 +123,9 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
 
 # Per case: how its floating inputs are drawn, each redrawn one scaled to the root mean square of what
 # get_inputs() drew (its scale, whatever its distribution): signed normal values, get_inputs()' own, then
-# four times wider with a thousandth of them ten times larger again. Case 0, the one the refresh and
-# knockout replays repeat where the reference's ops act as no copy on it, is signed: there a ReLU of
-# [0, 1) inputs is not a copy of them.
+# four times wider with a thousandth of them ten times larger again. The knockout runs only on a case
+# where no op of the reference acts as a copy (``copying_per_case``): a ReLU of [0, 1) inputs is one,
+# of signed values not.
 CASE_DISTRIBUTIONS = ("signed", "native", "wide_with_outliers")
 OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
 
@@ -157,15 +153,6 @@ def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str)
     with recorder:
         output = model(*args)
     return inputs, args, output, recorder, "native"
-
-
-def replay_case(copying: list[list[str]]) -> int:
-    """The case the candidate's refresh and knockout trials replay: the first on which none of the
-    reference's ops acts as a copy (a clamp whose bounds bind there). Where one does, an honest kernel
-    of that op is a copy of PyTorch's result on it (a clamp after PyTorch's matmul) and cannot be
-    told from a copy kernel laundering PyTorch's answer; only where every case has one is case 0
-    replayed, its copies poisoned by the knockout like any write."""
-    return next((case for case, ops in enumerate(copying) if not ops), 0)
 
 
 def _redraw(t: torch.Tensor, *, distribution: str) -> torch.Tensor:
