@@ -114,7 +114,8 @@ HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
             "key = x.data_ptr()\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\nlaunch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
             extra="CACHE = {}",
         ),
-        "cross_call_cache",
+        # a trial's input may get the address a warm-up's freed input had: then that trial is wrong
+        ("cross_call_cache", "incorrect"),
     ),
     # Keyed on the values: the knockout (the first time the values are seen) fills the cache with what its
     # poisoned kernel wrote, which the refresh returns; or the recall shows the remembered output through the
