@@ -330,15 +330,13 @@ def _secret_seeds() -> dict[str, Any]:
 
 def choose_knockout_case(ref_result: ReferenceResult) -> tuple[int, bool]:
     """(the case a candidate runs knocked out the first time it sees its values, whether copies are
-    poisoned there): a secret pick per candidate among the cases on which no reference op acts as a copy
-    (there an honest kernel of that op is a copy of PyTorch's result, and the knockout leaves copies
-    alone), so no trial is one a forward could know is not the knockout. Where every case has such an
-    op, any case, its copies poisoned like any write."""
-    copying = ref_result.get("copying_per_case") or [[] for _ in range(ref_result["cases"])]
-    copy_free = [case for case, ops in enumerate(copying[: ref_result["cases"]]) if not ops]
-    if copy_free:
-        return secrets.choice(copy_free), False
-    return secrets.randbelow(ref_result["cases"]), True
+    poisoned there): a secret pick per candidate among all the cases, so no trial is one a forward
+    could know is not the knockout. Where a reference op acts as a copy on the picked case's values
+    (a clamp whose bounds do not bind there), an honest kernel of it is a copy, so copies are poisoned
+    like any write there, and the op accounting stands behind laundering through a copy kernel."""
+    case = secrets.randbelow(ref_result["cases"])
+    copying = ref_result.get("copying_per_case") or []
+    return case, bool(copying[case]) if case < len(copying) else False
 
 
 def _crash_reason(outcome: SandboxResult, who: str) -> str:

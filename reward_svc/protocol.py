@@ -49,8 +49,8 @@ class CandidateSpec(_JobSpec):
     compile_cache_readonly: bool
     fingerprint_key: int  # the judge's check that each output file is what its trial returned
     outputs_in_flight: int
-    # the case run as the knockout the first time its values are seen (the worker's secret pick among
-    # those on which no reference op acts as a copy), then clean (the refresh) and knocked out again (the recall)
+    # the case run as the knockout the first time its values are seen (the worker's secret pick among all),
+    # then clean (the refresh) and knocked out again (the recall)
     knockout_case: int
     copies_are_work: bool  # the reference has an op that acts as a copy on that case: the knockout poisons copies too
 

@@ -699,7 +699,7 @@ def _compare_tensor(
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         bad += int(outside.sum())
         if not ref.is_complex():
-            mask = _informative(ref_part, ref_finite, low, high, atol)
+            mask = _informative(ref_part, ref_finite, low, high, atol, rtol)
             informative += int(mask.sum())
             informative_bad += int((outside & mask).sum())
     if pattern_differs:
@@ -733,14 +733,16 @@ def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None
     return (low, high) if low <= high else (None, None)
 
 
-def _informative(ref: torch.Tensor, finite: torch.Tensor, low: float | None, high: float | None, atol: float) -> torch.Tensor:
-    """Values that tell whether the kernels' writes reached them: finite, not at a saturated value (the
-    output's minimum or its maximum), where glue such as a ReLU or a clamp maps poison too, and not
-    within ``atol`` of 0, where glue that underflows (a softmax's far tail on wide inputs) maps
-    poison to a value as close to 0, which the tolerance cannot tell from the right one."""
+def _informative(
+    ref: torch.Tensor, finite: torch.Tensor, low: float | None, high: float | None, atol: float, rtol: float
+) -> torch.Tensor:
+    """Values that tell whether the kernels' writes reached them: finite, and not within the tolerance of
+    a saturated value, where glue after the kernels maps poison too and the tolerance cannot tell it
+    from the right value: the output's minimum or maximum (a ReLU, a clamp, a tanh or sigmoid on wide
+    inputs), or 0 (a softmax's far tail)."""
     mask = finite & (ref.abs() > atol)
-    if low is not None:
-        mask &= (ref != low) & (ref != high)
+    if low is not None and high is not None:
+        mask &= ((ref - low).abs() > atol + rtol * abs(low)) & ((ref - high).abs() > atol + rtol * abs(high))
     return mask
 
 

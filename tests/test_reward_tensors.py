@@ -295,18 +295,14 @@ def test_the_timing_check_runs_on_a_case_with_the_timed_models_weights() -> None
     assert check_position([0], 2) == 0
 
 
-def test_the_knockout_case_is_a_secret_pick_among_the_cases_without_copies() -> None:
-    """No trial is one a forward could know is not the knockout: every case on which no reference op
-    acts as a copy is picked, each often; a case with one never is, unless every case has one (then
-    any, its copies poisoned)."""
+def test_the_knockout_case_is_a_secret_pick_among_all_the_cases() -> None:
+    """No trial is one a forward could know is not the knockout: every case is picked, each often; where
+    a reference op acts as a copy on the picked case, copies are poisoned there."""
     from collections import Counter
 
     from reward_svc.evaluate import choose_knockout_case
 
-    picks = Counter(
-        choose_knockout_case({"status": "ok", "cases": 3, "copying_per_case": [[], ["aten.clamp"], []]}) for _ in range(600)
-    )
-    assert set(picks) == {(0, False), (2, False)} and min(picks.values()) > 200, picks
-    everywhere = {"status": "ok", "cases": 2, "copying_per_case": [["aten.relu"], ["aten.relu"]]}
-    assert {choose_knockout_case(everywhere) for _ in range(200)} == {(0, True), (1, True)}
+    reference = {"status": "ok", "cases": 3, "copying_per_case": [[], ["aten.clamp"], []]}
+    picks = Counter(choose_knockout_case(reference) for _ in range(600))
+    assert set(picks) == {(0, False), (1, True), (2, False)} and min(picks.values()) > 130, picks
     assert {choose_knockout_case({"status": "ok", "cases": 2}) for _ in range(200)} == {(0, False), (1, False)}

@@ -315,66 +315,6 @@ def test_honest_kernels_the_knockout_once_took_for_decoys_pass(evaluator: Evalua
 
 
 @pytest.mark.slow  # sandboxed children
-def test_a_copy_kernel_over_pytorchs_answer_is_caught_where_the_reference_copies_on_case_0(evaluator: Evaluator) -> None:
-    """The laundering the replays exist for, on the reference whose clamp is a copy on case 0: PyTorch
-    computes the whole answer and a kernel copies it. Replayed on a case where the clamp binds, the
-    copy is PyTorch's value for value and the knockout leaves it alone."""
-    launder = HARDTANH_EPILOGUE.replace(
-        "return launch_clamp(torch.matmul(x, self.fc.weight.t()).contiguous(), -2.0, 2.0)",
-        "y = torch.nn.functional.hardtanh(torch.matmul(x, self.fc.weight.t()), -2.0, 2.0).contiguous()\n"
-        "        return launch_copy(y, torch.empty_like(y))",
-    ).replace(CLAMP_KERNEL, CLAMP_KERNEL + COPY_KERNEL)
-    assert "launch_copy(y" in launder and not check_source(launder)
-    (verdict,) = evaluator.evaluate_group(MATMUL_HARDTANH_ONE_ROW, [launder], CPU).verdicts
-    assert (verdict.status, verdict.guard) == ("rejected", "pytorch_fallback"), verdict.reason
-
-
-# --- a forward that recognises the replays (a known limit) -------------------------------------------
-# The kernels' share is measured in the knockout, a replay of values the candidate has seen: a forward
-# that knows them (values seen before, its call count) does all the work in its kernels there and hands
-# 73% of it to PyTorch in the trials, below the op accounting's 75%. Comparing the refresh trial's path
-# and work with a trial's was tried and taken back: the same ops on the same shapes with their result
-# thrown away in the replays pass it, and honest value-dependent glue fails it. Pinned until the
-# knockout runs on values the candidate has not seen, at a call it cannot predict (docs/REWARD.md).
-CLAMP_REFERENCE = module("return torch.clamp(inputs[0], -1.0, 1.0)", "[torch.randn(64, 64)]")
-SPLIT_CLAMP = (
-    "k = x.shape[0] * 27 // 100 + 1\nout = torch.empty_like(x)\n"
-    "out[:k] = launch_clamp(x[:k].contiguous(), -1.0, 1.0)\nout[k:] = torch.clamp(x[k:], -1.0, 1.0)\nreturn out"
-)
-REPLAY_AWARE = {
-    "by values seen before": (
-        "SEEN = []\n",
-        "x = inputs[0]\nkey = tuple(float(v) for v in x.reshape(-1)[:4])\nseen = key in SEEN\nSEEN.append(key)\n"
-        "if seen:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
-    ),
-    # two warm-ups (one per model) and three trials, then the refresh and the recall
-    "by counting calls": (
-        "CALLS = []\n",
-        "x = inputs[0]\nCALLS.append(1)\nif len(CALLS) > 5:\n    return launch_clamp(x.contiguous(), -1.0, 1.0)\n",
-    ),
-    # the same ops in the same order every call, only the kernel's slice grows in the replays
-    "by counting calls, the same path": (
-        "CALLS = []\n",
-        "x = inputs[0]\nCALLS.append(1)\nk = x.shape[0] if len(CALLS) > 5 else x.shape[0] * 27 // 100 + 1\n"
-        "out = torch.empty_like(x)\nout[:k] = launch_clamp(x[:k].contiguous(), -1.0, 1.0)\n"
-        "out[k:] = torch.clamp(x[k:], -1.0, 1.0)\nreturn out\n",
-    ),
-}
-
-
-@pytest.mark.slow  # sandboxed children
-@pytest.mark.parametrize("name", sorted(REPLAY_AWARE))
-def test_a_forward_that_recognises_the_replays_is_not_paid(evaluator: Evaluator, name: str) -> None:
-    """Kernels for all of it on the calls a forward can tell are repeats, PyTorch for most of it on the
-    trials: the knockout is one of the trials (the worker's secret pick), never a repeat."""
-    state, forward = REPLAY_AWARE[name]
-    source = kernel_candidate(forward + SPLIT_CLAMP, CLAMP_KERNEL + "\n" + state)
-    assert not check_source(source)
-    (verdict,) = evaluator.evaluate_group(CLAMP_REFERENCE, [source], CPU).verdicts
-    assert not verdict.correct, verdict.reason
-
-
-@pytest.mark.slow  # sandboxed children
 def test_a_forward_that_prepares_its_weights_on_its_first_call_passes(evaluator: Evaluator) -> None:
     """Each model's first call may take another path (a transposed weight cached, a compute op): honest."""
     prepared = HARDTANH_EPILOGUE.replace(

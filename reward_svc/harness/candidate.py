@@ -352,14 +352,17 @@ def _model_for(
 
 
 def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int) -> Any:
-    """One unjudged call of the model a case uses, on its values scaled by a secret factor, before any
-    trial: what a forward does once (a weight packed, a Triton kernel autotuned, a buffer kept) is done
-    before the knockout, which may then be any trial, and never poisons what later calls reuse."""
-    scale = 0.5 + 0.4 * random.Random(spec["fingerprint_key"] ^ case).random()
+    """One unjudged call of the model a case uses, before any trial: what a forward does once (a weight
+    packed, a Triton kernel autotuned, a buffer kept) is done before the knockout, which may then be
+    any trial, and never poisons what later calls reuse. Its values are the case's, each floating
+    tensor's rolled round by a secret offset: the case's own distribution, and an answer no trial's
+    can be read from (a scaled copy of the case's values let PyTorch compute the trials' answers here,
+    where nothing is recorded, for any reference that scales with its input)."""
+    rng = random.Random(spec["fingerprint_key"] ^ case)
     args = _case_inputs(spec, exchange, case)
     for t in tensors.tensors_in(args):
-        if t.is_floating_point():
-            t.mul_(scale)  # in place: a level-1 input is GBs
+        if t.is_floating_point() and t.numel() > 1:
+            t.copy_(t.reshape(-1).roll(rng.randrange(1, t.numel())).view_as(t))
     with judged_conditions():
         _model_for(module, models, spec, exchange, case)(*args)
     _settle(spec["device"])
@@ -396,6 +399,7 @@ def _run_case(
     finally:
         counter.recorder = None
     check_returned(out, args)
+    recorder.returned(out)
     if _stream_and_device(spec["device"]) != streams:
         raise Rejected("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
@@ -503,6 +507,10 @@ def _refresh_trial(
     paths["refresh"] = recorder.path
     if counter.total:
         found = recorder.pytorch_source(out)
+        if found and found[0] == "copied" and spec["copies_are_work"]:
+            # a reference op acts as a copy on these values: an honest kernel of it copies PyTorch's result
+            # before it (a clamp whose bounds do not bind, after PyTorch's matmul); the op accounting stands behind
+            found = None
         observations["pytorch_output"], observations["pytorch_output_kind"] = (found[1], found[0]) if found else (None, None)
     return out
 
@@ -551,6 +559,7 @@ def _knockout_trial(
         counter.recorder, counter.knockout = None, False
         paths[name] = recorder.path
     check_returned(out, args)
+    recorder.returned(out)
     seen["copies"] = counter.copies
     if recorder.stood_in:
         seen["stood_in"] = recorder.stood_in[:8]

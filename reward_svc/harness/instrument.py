@@ -68,7 +68,7 @@ class LaunchCounter:
                     result = inner()
                 finally:
                     recorder.launch_depth -= 1
-                recorder.launched(launch_tensors(args, kwargs), result)
+                recorder.launched(label, launch_tensors(args, kwargs), result)
                 return result
 
         if recorder is not None:

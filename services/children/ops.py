@@ -849,6 +849,8 @@ class OpRecorder(TorchDispatchMode):
         self.host_scalars = 0
         self.host_bytes = 0
         self.path: list[str] = []
+        # storage → what wrote it last: an op's name, or "launch:<kernel>" for every tensor a launch was given
+        self.producers: dict[int, str] = {}
         self._harness_depth = 0
         self.launch_depth = 0  # inside a custom launch: its tensor plumbing is not the forward's, its compute is
         self.provenance_key = provenance_key
@@ -871,7 +873,7 @@ class OpRecorder(TorchDispatchMode):
             # one of PyTorch's own libraries (mkldnn, quantized, ...): its work, of unknown kind, counts as a contraction
             self.family_work["contraction"] += sum(t.numel() for t in tensors.tensors_in((args, kwargs)))
             result = func(*args, **kwargs)
-            self.launched(tensors.tensors_in((args, kwargs)), result)
+            self.launched(f"{func.namespace}::{func.overloadpacket.__name__}", tensors.tensors_in((args, kwargs)), result)
             return result
         name = func.overloadpacket.__name__
         # an op that writes into its argument (``clamp_``, ``out=`` its own input) is a copy when it left its
@@ -908,6 +910,9 @@ class OpRecorder(TorchDispatchMode):
                 self.host_bytes += sum(t.element_size() for t in inputs)
                 self.escaped = self.escaped or not self._all_data_free(inputs)
             data_free = self._track_data_free(func, name, args, kwargs, inputs, outputs)
+            if not self.launch_depth:
+                for t in (*outputs, *_written_arguments(func, args, kwargs)):
+                    self.producers[tensors.storage_id(t)] = name
             if is_compute_op(name):
                 self.path.append(name)
                 if not data_free:
@@ -961,12 +966,20 @@ class OpRecorder(TorchDispatchMode):
                 self.data_free.pop(tensors.storage_id(t), None)
         return data_free
 
-    def launched(self, arguments: list[torch.Tensor], result: Any) -> None:
+    def launched(self, label: str, arguments: list[torch.Tensor], result: Any) -> None:
         """A custom launch ran on these tensors and returned ``result``: whatever it wrote or returned
         holds data now, and a native function that returns numbers has read data into Python."""
         for t in (*arguments, *tensors.tensors_in(result)):
             self.data_free.pop(tensors.storage_id(t), None)
+            self.producers[tensors.storage_id(t)] = f"launch:{label}"
         self.escaped = self.escaped or _holds_values(result)
+
+    def returned(self, output: Any) -> None:
+        """Forward returned ``output``: what made each of its tensors ends the path, so a forward that
+        picks which finished tensor to return (a kernel's on poisoned values, PyTorch's on clean ones)
+        takes another path though it ran the same ops."""
+        made = [self.producers.get(tensors.storage_id(t), "an input or a tensor made before") for t in tensors.tensors_in(output)]
+        self.path.append(f"returned {', '.join(made) or 'no tensor'}")
 
     def printed(self) -> None:
         """A tensor's values became text (``str``, ``repr``, ``format``): data reached Python."""

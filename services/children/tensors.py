@@ -86,7 +86,9 @@ POISON_SHIFTS = (0.5, 1.5)  # ...then moved up by a random amount in this one
 
 def poison_(t: torch.Tensor) -> None:
     """Overwrite a tensor with wrong values a computation could still go on with: floating values
-    each scaled by a random factor in ``POISON_SCALES`` and moved up by one in ``POISON_SHIFTS``
+    rolled round by a random offset (so glue that picks among them, an argmax, picks another place even
+    where one value dwarfs the rest; a flip, undone by a matmul of two flipped operands, did not),
+    each then scaled by a random factor in ``POISON_SCALES`` and moved up by one in ``POISON_SHIFTS``
     (finite, so a decoy that folds its kernel's output in as ``torch_result + out * 0`` stays
     right, where NaN spread through ``* 0`` and hid it; non-negative values stay non-negative, so
     glue after a kernel — the square root of a sum of squares — computes a wrong answer instead
@@ -100,6 +102,9 @@ def poison_(t: torch.Tensor) -> None:
     if t.is_floating_point() or t.is_complex():
         target = torch.view_as_real(t) if t.is_complex() else t
         (low, high), (shift_low, shift_high) = POISON_SCALES, POISON_SHIFTS
+        if target.numel() > 1:
+            offset = int(torch.randint(1, target.numel(), (), generator=generator, device=target.device))
+            target.copy_(target.reshape(-1).roll(offset).view_as(target))
         target.mul_(torch.empty_like(target).uniform_(low, high, generator=generator))
         target.add_(torch.empty_like(target).uniform_(shift_low, shift_high, generator=generator))
     elif t.dtype == torch.bool:
