@@ -90,9 +90,8 @@ def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy
         assert tensors.fingerprint(value, key) == tensors.fingerprint(value.cpu(), key), value.dtype
 
 
-# Counts its calls: right in the five trials (three cases, refresh, knockout), an empty answer once
-# timing runs case 0 over and over.
-# two warm-ups, three trials, the refresh and the recall: the calls after those seven are timed
+# Counts its calls: right in the seven judged or warm-up calls (two warm-ups, three trials, the refresh,
+# the recall), an empty answer once timing runs case 0 over and over.
 FAST_WHEN_TIMED = candidate(
     "CALLS.append(1)\nif len(CALLS) > 7:\n    return torch.empty_like(x)\nreturn launch_relu(x, torch.empty_like(x))",
     extra="CALLS = []",
