@@ -119,14 +119,14 @@ HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
     ),
     # Keyed on the values: the knockout (the first time the values are seen) fills the cache with what its
     # poisoned kernel wrote, which the refresh returns; or the recall shows the remembered output through the
-    # poisoned kernels.
+    # poisoned kernels; or the warm-up's values (the case's rolled round: the same sum) hit it in a trial.
     "cache_by_content": (
         candidate(
             "key = round(float(x.double().sum()), 6)\nif key not in CACHE:\n    CACHE[key] = launch_relu(x, torch.empty_like(x))\n"
             "launch_relu(x[:1], torch.empty_like(x[:1]))\nreturn CACHE[key]",
             extra="CACHE = {}",
         ),
-        ("cross_call_cache", "decoy_kernel"),
+        ("cross_call_cache", "decoy_kernel", "incorrect"),
     ),
     # Returns nothing on the refresh trial (the sixth call: two warm-ups, three trials), hoping a trial
     # without output is taken for one never run.
