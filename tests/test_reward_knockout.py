@@ -224,3 +224,38 @@ def test_a_copy_kernel_over_pytorchs_answer_is_caught_where_the_reference_copies
     honest, laundered = evaluator.evaluate_group(MATMUL_HARDTANH_ONE_ROW, [HARDTANH_EPILOGUE, launder], CPU).verdicts
     assert honest.correct, f"{honest.status}/{honest.guard}: {honest.reason}"
     assert (laundered.status, laundered.guard) == ("rejected", "pytorch_fallback"), laundered.reason
+
+
+ALIASED_ARGUMENTS = """
+@triton.jit
+def scale_rows_kernel(x_ptr, w_ptr, unused_ptr, out_ptr, n, C, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * tl.load(w_ptr + offs % C, mask=mask), mask=mask)
+"""
+
+
+@pytest.mark.slow  # sandboxed children
+@pytest.mark.parametrize("case", [0, 1])
+def test_a_parameter_passed_twice_to_a_launch_is_not_left_poisoned(
+    evaluator: Evaluator, knockout_on: Callable[[int], None], case: int
+) -> None:
+    """The template's normalisation kernel passes one tensor for two arguments it does not use: the
+    knockout restores what a launch only read, and a second copy of the same tensor read as written,
+    poisoned the module's parameter, and every call after the knockout was wrong (KernelBench level 2's
+    79 on the H200)."""
+    knockout_on(case)
+    init = "self.w = nn.Parameter(torch.randn(64))"
+    reference = module("return inputs[0] * self.w", "[torch.randn(32, 64)]", init="[]", init_body=init)
+    source = kernel_candidate(
+        "x = inputs[0].contiguous()\nout = torch.empty_like(x)\n"
+        "scale_rows_kernel[(triton.cdiv(x.numel(), 1024),)](x, self.w, self.w, out, x.numel(), x.shape[1], BLOCK=1024)\n"
+        "return out",
+        ALIASED_ARGUMENTS,
+    ).replace(
+        "class ModelNew(nn.Module):\n",
+        f"class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n        {init}\n\n",
+    )
+    assert not check_source(source)
+    (verdict,) = evaluator.evaluate_group(reference, [source], CPU).verdicts
+    assert verdict.correct, f"{verdict.status}/{verdict.guard}: {verdict.reason}"

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
-import random
 import threading
 import time
 import traceback
@@ -354,15 +354,25 @@ def _model_for(
 def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int) -> Any:
     """One unjudged call of the model a case uses, before any trial: what a forward does once (a weight
     packed, a Triton kernel autotuned, a buffer kept) is done before the knockout, which may then be
-    any trial, and never poisons what later calls reuse. Its values are the case's, each floating
-    tensor's rolled round by a secret offset: the case's own distribution, and an answer no trial's
-    can be read from (a scaled copy of the case's values let PyTorch compute the trials' answers here,
-    where nothing is recorded, for any reference that scales with its input)."""
-    rng = random.Random(spec["fingerprint_key"] ^ case)
+    any trial, and never poisons what later calls reuse. Its inputs are the case's shapes and ranges,
+    every value drawn afresh (uniformly between the tensor's least and greatest): an answer computed
+    here, where nothing is recorded, tells nothing about a trial's (a scaled or rolled copy of the
+    case's values let PyTorch compute the trials' answers here)."""
+    generator = torch.Generator(device=spec["device"]).manual_seed(spec["fingerprint_key"] ^ case)
     args = _case_inputs(spec, exchange, case)
     for t in tensors.tensors_in(args):
-        if t.is_floating_point() and t.numel() > 1:
-            t.copy_(t.reshape(-1).roll(rng.randrange(1, t.numel())).view_as(t))
+        if t.numel() < 2:
+            continue
+        if t.dtype == torch.bool:
+            t.copy_(torch.randint(0, 2, t.shape, generator=generator, device=t.device).bool())
+        elif t.is_floating_point():
+            low, high = (float(v) for v in torch.aminmax(t))
+            if math.isfinite(low) and math.isfinite(high) and high > low:
+                t.uniform_(low, high, generator=generator)
+        elif not t.is_complex():
+            low, high = (int(v) for v in torch.aminmax(t))
+            if high - low < 1 << 62:
+                t.copy_(torch.randint(low, high + 1, t.shape, generator=generator, device=t.device))
     with judged_conditions():
         _model_for(module, models, spec, exchange, case)(*args)
     _settle(spec["device"])

@@ -200,13 +200,20 @@ class LaunchCounter:
 
 def launch_tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensors a launch can read or write: its tensor arguments, and the tensors Triton's
-    wrappers carry (``TensorDescriptor``, ``triton.reinterpret``: a ``base`` attribute)."""
+    wrappers carry (``TensorDescriptor``, ``triton.reinterpret``: a ``base`` attribute), each view
+    once. A tensor passed twice (a parameter as two arguments, a buffer standing in for an unused
+    one) is one tensor: the knockout restores what a launch only read, and a second copy of it
+    would have read as written and stayed poisoned for every later call."""
     found = tensors.tensors_in((args, kwargs))
     for value in [*(args if isinstance(args, (list, tuple)) else ()), *(kwargs or {}).values()]:
         base = getattr(value, "base", None) if not isinstance(value, torch.Tensor) else None
         if isinstance(base, torch.Tensor):
             found.append(base)
-    return found
+    unique: dict[tuple[Any, ...], torch.Tensor] = {}
+    for t in found:
+        view = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.layout == torch.strided else (id(t),)
+        unique.setdefault(view, t)
+    return list(unique.values())
 
 
 def forged_pointers(args: Any, kwargs: Any) -> str | None:
