@@ -151,13 +151,22 @@ def serving_version() -> ServingVersion | None:
 
 
 def switch_model(switch: ModelSwitch) -> ServingModel:
-    """Record the new serving version (the only one serving); workers pick it up at their next job."""
+    """Make this version the only one serving (recorded once: switching back to a version, or again to
+    the same one, keeps its record and id); workers pick it up at their next job."""
     with session_scope() as session:
         session.execute(update(ModelVersion).where(ModelVersion.role == CODER_ROLE).values(serving=False))
-        row = ModelVersion(
-            role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path, serving=True
-        )
-        session.add(row)
+        row = session.scalars(
+            select(ModelVersion).where(
+                ModelVersion.role == CODER_ROLE,
+                ModelVersion.name == switch.name,
+                ModelVersion.base_model.is_not_distinct_from(switch.base_model),
+                ModelVersion.adapter_path.is_not_distinct_from(switch.adapter_path),
+            )
+        ).first()
+        if row is None:
+            row = ModelVersion(role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path)
+            session.add(row)
+        row.serving = True
         session.flush()
         log.info("coder.model_switched", version=row.id, name=row.name, adapter=row.adapter_path)
         return ServingModel(

@@ -24,7 +24,7 @@ from reward_cases import CORRECT, RELU_REFERENCE
 from servers import serve
 from services.clients import CoderClient, ServiceError, TrainerClient
 from services.config import Settings
-from services.db.models import Job, RolloutGroup
+from services.db.models import Job, ModelVersion, RolloutGroup
 from services.db.session import session_scope
 from services.db.tasks import ensure_task
 from services.queue.names import GENERATE_TASK, TRAIN_ROUND_TASK
@@ -32,7 +32,9 @@ from services.schemas.coder import KernelRequest, ServingModel
 from services.schemas.trainer import RunOut
 from tiny_lm import build_replying_lm, build_tiny_lm
 from trainer.config import LoopConfig
-from trainer.loop import served_weights
+from trainer.loop import claim_key, served_weights
+from trainer.publish import save_version, serve_coder
+from trainer.runs import create_run, get_run, play_round
 
 GROUP = 8
 
@@ -191,3 +193,34 @@ def test_a_run_starts_from_the_weights_the_coder_samples_with(tmp_path: Path) ->
     assert served_weights(configured, lora) is None and served_weights(configured, full) is None
     assert served_weights(adapter, lora) == tmp_path / "coder-v1"
     assert served_weights(whole, full) == tmp_path / "coder-v1" and served_weights(whole, lora) is None
+
+
+@pytest.mark.slow  # a coder API process
+def test_a_round_whose_worker_died_after_publishing_stands(
+    platform_env: Callable[..., Settings], free_port: Callable[[], int], tmp_path: Path
+) -> None:
+    """Published and served, then killed before the run counted the round: delivered again, the round
+    finds the version it published and stands, not trained a second time on the groups it claimed;
+    the Coder keeps one record of the version."""
+    port = free_port()
+    settings = platform_env(coder_port=port, auth_enabled="false")
+    model = build_tiny_lm(tmp_path / "tiny")
+    run_id = create_run(LoopConfig.model_validate(loop_config(model, rounds=2)))
+    store = settings.data_dir / "models"
+
+    def weights(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        (directory / "adapter_model.safetensors").write_bytes(b"round 1")
+
+    with serve("coder_svc.api:app", port), CoderClient() as coder:
+        version = save_version(weights, store, "coder", origin=claim_key(run_id, 0))  # what the attempt that died wrote
+        served = serve_coder(version, coder.switch_model, base_model=model, adapter=True)  # and switched to
+        assert play_round(run_id, 0)  # delivered again: the next round follows
+        assert not play_round(run_id, 0)  # and a third time: nothing to do
+        assert coder.serving_model().id == served.id
+    run = get_run(run_id)
+    assert run.rounds_done == 1 and run.coder_version_id == served.id
+    assert sorted(p.name for p in store.iterdir()) == ["coder-v1"]
+    assert [(r.kind, r.round, r.metrics.get("recovered")) for r in run.records] == [("round", 0, True)]
+    with session_scope() as session:
+        assert [v.id for v in session.scalars(select(ModelVersion).where(ModelVersion.name == "coder-v1"))] == [served.id]

@@ -10,7 +10,8 @@ through the verdicts the reward service stored (the Proposer's failure bias).
 
 A round is the checkpoint: its version is published before the run records it done, and a round
 started again after its worker died trains afresh from the last published version, its claims
-released first, so no group is trained on by two versions of one lineage. Proposer RL (training the
+released first, so no group is trained on by two versions of one lineage; where the worker died
+after publishing, the round finds the version it published (``publish.published_by``) and stands. Proposer RL (training the
 ``llm`` composer on the frontier reward) is not built yet: ``LoopConfig`` refuses ``proposer_steps``.
 """
 
@@ -37,7 +38,7 @@ from services.schemas.proposer import FrontierOut, ProposeRequest
 from trainer.coder_rl import CoderTrainer, StepReport
 from trainer.config import LoopConfig
 from trainer.intake import coder_samples
-from trainer.publish import publish_coder
+from trainer.publish import publish_coder, published_by, serve_coder
 from trainer.records import RunRecorder
 from trainer.rollouts import UNSCORED, Sample, claim_groups, record_group
 
@@ -254,6 +255,14 @@ def run_round(
 
     progress = progress or Quiet()
     key = claim_key(run_id, round_index)
+    done = published_by(store, "coder", key)
+    if done is not None:  # its worker died after publishing, before the run recorded it: the round stands
+        recovered = serve_coder(
+            done, services.coder.switch_model, base_model=config.coder.model_path, adapter=config.coder.lora is not None
+        )
+        if not recorder.has_round(round_index):
+            recorder.round(round_index, {"published": recovered.name, "published_id": recovered.id, "recovered": True})
+        return Checkpoint(checkpoint.rounds_done + 1, done), recovered
     release_claims(key)
     recorder.forget_round(round_index)
     seconds: dict[str, float] = {}
@@ -293,6 +302,7 @@ def run_round(
             services.coder.switch_model,
             base_model=config.coder.model_path,
             adapter=config.coder.lora is not None,
+            origin=key,
         )
         path = published.adapter_path or published.base_model
         checkpoint = Checkpoint(checkpoint.rounds_done + 1, Path(path) if path else checkpoint.adapter_path)

@@ -20,6 +20,9 @@ from pathlib import Path
 from services.schemas.coder import ModelSwitch, ServingModel
 
 VERSION_DIR = re.compile(r"^(?P<role>[a-z]+)-v(?P<number>\d+)$")
+# In a version's directory: what published it (a run's round, ``loop.claim_key``), written before the
+# directory appears, so a round whose worker died after publishing finds its version instead of training again
+ORIGIN_FILE = "published_by"
 
 Write = Callable[[Path], object]  # writes the trained weights (and tokenizer) into the directory it is given
 
@@ -34,15 +37,17 @@ def next_version_name(store: Path, role: str) -> str:
     return f"{role}-v{max(numbers, default=0) + 1}"
 
 
-def save_version(write: Write, store: Path, role: str) -> Path:
+def save_version(write: Write, store: Path, role: str, origin: str | None = None) -> Path:
     """Write the trained weights as the next version's directory, whole or not at all: into a staging
     directory of this call's own (removed if ``write`` fails), then under the first free number, the
     name reserved by an exclusive ``mkdir`` (two publishers never take one) and the staging directory
-    renamed over that empty reservation."""
+    renamed over that empty reservation. ``origin``: what published it (``ORIGIN_FILE``)."""
     store.mkdir(parents=True, exist_ok=True)
     staging = store / f".{role}-staging-{uuid.uuid4().hex}"
     try:
         write(staging)
+        if origin is not None:
+            (staging / ORIGIN_FILE).write_text(origin)
         while True:
             final = store / next_version_name(store, role)
             try:
@@ -55,6 +60,16 @@ def save_version(write: Write, store: Path, role: str) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def published_by(store: Path, role: str, origin: str) -> Path | None:
+    """The version ``origin`` published, if it did (its worker may have died before recording it)."""
+    for path in sorted(store.iterdir()) if store.is_dir() else []:
+        match = VERSION_DIR.match(path.name)
+        marker = path / ORIGIN_FILE
+        if match and match["role"] == role and marker.is_file() and marker.read_text() == origin:
+            return path
+    return None
+
+
 def publish_coder(
     write: Write,
     store: Path,
@@ -62,12 +77,19 @@ def publish_coder(
     *,
     base_model: Path,
     adapter: bool,
+    origin: str | None = None,
 ) -> ServingModel:
     """Save the Coder's new version (``write``: ``CoderTrainer.save``, or an SFT run writing its result)
     and make it the one served. ``switch`` is the Coder service's
-    ``/v1/admin/model`` (``CoderClient.switch_model``). An adapter is served on ``base_model``; full
-    weights are served as the base model itself."""
-    directory = save_version(write, store, "coder")
+    ``/v1/admin/model`` (``CoderClient.switch_model``)."""
+    return serve_coder(save_version(write, store, "coder", origin), switch, base_model=base_model, adapter=adapter)
+
+
+def serve_coder(
+    directory: Path, switch: Callable[[ModelSwitch], ServingModel], *, base_model: Path, adapter: bool
+) -> ServingModel:
+    """Make a saved version the one the Coder serves (again, where it was: the service keeps one record
+    per version). An adapter is served on ``base_model``; full weights are served as the base model itself."""
     if adapter:
         return switch(ModelSwitch(name=directory.name, base_model=str(base_model), adapter_path=str(directory)))
     return switch(ModelSwitch(name=directory.name, base_model=str(directory)))

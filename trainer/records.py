@@ -38,6 +38,10 @@ class RunRecorder:
             session.add(TrainingRecord(run_id=self.run_id, kind=kind, round=round_index, step=step, metrics=_finite(metrics)))
         self._export()
 
+    def has_round(self, round_index: int) -> bool:
+        """Whether the round's own row is recorded (a round's last write before the run counts it done)."""
+        return any(r.kind == "round" and r.round == round_index for r in run_records(self.run_id))
+
     def forget_round(self, round_index: int) -> None:
         """A round started again (its worker died before it published): its step rows go."""
         with session_scope() as session:
