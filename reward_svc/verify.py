@@ -358,13 +358,7 @@ def _judge_knockout(
         # the kernels only copied (the knockout leaves copies alone): where provenance or the op accounting
         # says PyTorch computed what they carried, that is the more exact verdict
         if observations.get("pytorch_output_kind") == "copied":
-            return Verdict(
-                "rejected",
-                f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-                "(followed through the refresh trial)",
-                guard="pytorch_fallback",
-                max_abs_error=_finite(max_error),
-            )
+            return _made_by_pytorch(observations, max_error)
         delegated = pytorch_work(observations, ref_result)
         if delegated:
             reason = f"{delegated}; the custom kernels only copy"
@@ -388,6 +382,17 @@ def _judge_knockout(
             details={"kernel_share": knockout.mismatched},
         )
     return None
+
+
+def _made_by_pytorch(observations: Observations, max_error: float) -> Verdict:
+    """Provenance's verdict: the refresh trial's output is, value for value, what a PyTorch op made."""
+    return Verdict(
+        "rejected",
+        f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
+        "(followed through the refresh trial)",
+        guard="pytorch_fallback",
+        max_abs_error=_finite(max_error),
+    )
 
 
 def _judge_outputs(
@@ -457,13 +462,7 @@ def _judge_outputs(
                 max_abs_error=_finite(max_error),
             )
     if observations.get("pytorch_output"):
-        return Verdict(
-            "rejected",
-            f"PyTorch made the output, not the custom kernels: it is {observations['pytorch_output']} "
-            "(followed through the refresh trial)",
-            guard="pytorch_fallback",
-            max_abs_error=_finite(max_error),
-        )
+        return _made_by_pytorch(observations, max_error)
     # An op that refused the knockout's values leaves no measure of the kernels' share: PyTorch's own
     # work must then show it small, as the knockout would have (a refusal is no way around the share).
     refused = next((seen["refused"] for seen in knockouts.values() if seen.get("refused")), None)
