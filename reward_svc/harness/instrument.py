@@ -105,6 +105,9 @@ class LaunchCounter:
                 # the second launch writes into a copy's destination again, from its now poisoned source: the copies
                 # the knockout leaves alone get back what the first launch left in them (the rest is poisoned anyway)
                 first = [(t, t.clone()) for t in changed if not any(t is w for w in written)]
+                # integers and flags the launch computed get their own answer back, to be poisoned below: moved
+                # from the second launch's answer (on poisoned inputs) an index can land on the right one again
+                first += [(t, t.clone()) for t in written if not (t.is_floating_point() or t.is_complex())]
                 for t, _ in kept:
                     tensors.poison_(t)
                 poisoned = [t.clone() for t, _ in kept]
