@@ -12,7 +12,7 @@ import torch
 
 from reward_svc import group_advantages
 from tiny_lm import build_tiny_lm
-from trainer.coder_rl import CoderTrainer
+from trainer.coder_rl import OPTIMIZER_FILE, CoderTrainer
 from trainer.config import CoderRLConfig
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
@@ -62,3 +62,25 @@ def test_the_mean_reward_rises_over_a_few_steps(tmp_path: Path) -> None:
     early, late = statistics.fmean(means[:3]), statistics.fmean(means[-3:])
     assert late > early + 0.25, means
     assert trainer.save(tmp_path / "out").joinpath("config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_round_goes_on_with_the_moments_the_last_version_saved(tmp_path: Path) -> None:
+    """A published version holds the optimizer's moments beside its weights (serving ignores them): the
+    next round's trainer starts from them, at the learning rate its schedule has reached, not afresh."""
+    model = build_tiny_lm(tmp_path / "tiny")
+    config = CoderRLConfig(model_path=model, group_size=GROUP, groups_per_step=len(PROMPTS), micro_batch_size=8, bf16=False)
+    first = CoderTrainer(config, total_steps=4)
+    first.step(sample_groups(first, torch.Generator().manual_seed(0)))
+    saved = first.optimizer.state_dict()
+    version = first.save(tmp_path / "coder-v1")
+    assert (version / OPTIMIZER_FILE).is_file() and (version / "adapter_config.json").is_file()
+
+    second = CoderTrainer(config, total_steps=4, resume_from=version, steps_done=1)
+    resumed = second.optimizer.state_dict()
+    assert resumed["state"].keys() == saved["state"].keys() and saved["state"]
+    for key, state in saved["state"].items():
+        assert torch.equal(resumed["state"][key]["exp_avg"], state["exp_avg"])
+        assert torch.equal(resumed["state"][key]["exp_avg_sq"], state["exp_avg_sq"])
+    assert second.scheduler.get_last_lr() == first.scheduler.get_last_lr()
+    assert second.step(sample_groups(second, torch.Generator().manual_seed(1))).samples == len(PROMPTS) * GROUP

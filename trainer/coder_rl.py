@@ -25,6 +25,8 @@ from trainer.config import CoderRLConfig, bf16_enabled
 from trainer.loss import completion_logps, policy_loss
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
+OPTIMIZER_FILE = "optimizer.pt"  # in a published version's directory: the AdamW moments it was trained with
+
 
 @dataclass(frozen=True)
 class StepReport:
@@ -69,8 +71,9 @@ class CoderTrainer:
         steps_done: int = 0,
     ) -> None:
         """``resume_from``: a version this run published (its adapter, or its whole model), trained on
-        from there; ``steps_done`` moves the learning-rate schedule to where that version left it (the
-        optimizer's moments start afresh: versions hold weights only)."""
+        from there, with the optimizer's moments it saved beside the weights (``OPTIMIZER_FILE``; a
+        version without them, a cold-start adapter, starts them afresh); ``steps_done`` moves the
+        learning-rate schedule to where that version left it."""
         from accelerate import Accelerator
         from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
@@ -90,6 +93,12 @@ class CoderTrainer:
             model = get_peft_model(model, config.lora.to_peft())
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+        moments = resume_from / OPTIMIZER_FILE if resume_from is not None else None
+        if moments is not None and moments.is_file() and self._whole_optimizer_here():
+            optimizer.load_state_dict(torch.load(moments, map_location="cpu", weights_only=True))
+            for group in optimizer.param_groups:  # the schedule below sets the rate for ``steps_done``, from the config's
+                group["lr"] = config.learning_rate
+                group.pop("initial_lr", None)
         scheduler = get_scheduler(
             config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
         )
@@ -226,8 +235,18 @@ class CoderTrainer:
         return grad_norm if math.isfinite(grad_norm) else float("nan")
 
     def save(self, directory: Path) -> Path:
-        """The adapter (LoRA) or the whole model, with the tokenizer, where serving can load it."""
+        """The adapter (LoRA) or the whole model, with the tokenizer, where serving can load it, and the
+        optimizer's moments beside them (serving ignores the file), so the next round goes on with them."""
         directory.mkdir(parents=True, exist_ok=True)
         self.accelerator.unwrap_model(self.model).save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        if self._whole_optimizer_here() and self.accelerator.is_main_process:
+            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
         return directory
+
+    def _whole_optimizer_here(self) -> bool:
+        """Whether this process holds the whole optimizer state (one process or DDP: FSDP and DeepSpeed
+        shard it, and their moments start afresh each round)."""
+        from accelerate.utils import DistributedType
+
+        return self.accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
