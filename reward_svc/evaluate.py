@@ -334,7 +334,11 @@ def choose_knockout_case(ref_result: ReferenceResult) -> tuple[int, bool]:
     could know is not the knockout. Where a reference op acts as a copy on the picked case's values
     (a clamp whose bounds do not bind there), an honest kernel of it is a copy, so copies are poisoned
     like any write there, and the op accounting stands behind laundering through a copy kernel."""
-    case = secrets.randbelow(ref_result["cases"])
+    return knockout_at(ref_result, secrets.randbelow(ref_result["cases"]))
+
+
+def knockout_at(ref_result: ReferenceResult, case: int) -> tuple[int, bool]:
+    """(``case``, whether a reference op acts as a copy on its values, so the knockout poisons copies)."""
     copying = ref_result.get("copying_per_case") or []
     return case, bool(copying[case]) if case < len(copying) else False
 

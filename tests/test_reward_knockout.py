@@ -20,23 +20,21 @@ from reward_svc import evaluate
 from reward_svc.evaluate import Evaluator
 from reward_svc.policy import check_source
 from services.schemas.reward import ScoreOptions
+from test_reward_integrity import SCALE_KERNEL as SCALE_ONLY
 from test_reward_work import CLAMP_KERNEL, HARDTANH_EPILOGUE, MATMUL_HARDTANH_ONE_ROW
 
 CPU = ScoreOptions(backend="triton", device="cpu", timeout_s=120)
 
-SCALE_KERNEL = """
-@triton.jit
-def scale_kernel(x_ptr, out_ptr, n, s, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * s, mask=mask)
-
+SCALE_KERNEL = (
+    SCALE_ONLY
+    + """
 
 def launch_scale(x, s):
     out = torch.empty_like(x)
     scale_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), s, BLOCK=1024)
     return out
 """
+)
 MATMUL_KERNEL = """
 @triton.jit
 def mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -64,11 +62,7 @@ def knockout_on(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
     """Make the worker's secret pick this case, as the pick may be for any candidate."""
 
     def force(case: int) -> None:
-        def choose(ref_result: evaluate.ReferenceResult) -> tuple[int, bool]:
-            copying = ref_result.get("copying_per_case") or []
-            return case, bool(copying[case]) if case < len(copying) else False
-
-        monkeypatch.setattr(evaluate, "choose_knockout_case", choose)
+        monkeypatch.setattr(evaluate, "choose_knockout_case", lambda ref_result: evaluate.knockout_at(ref_result, case))
 
     return force
 

@@ -123,9 +123,9 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
 
 # Per case: how its floating inputs are drawn, each redrawn one scaled to the root mean square of what
 # get_inputs() drew (its scale, whatever its distribution): signed normal values, get_inputs()' own, then
-# four times wider with a thousandth of them ten times larger again. The knockout runs only on a case
-# where no op of the reference acts as a copy (``copying_per_case``): a ReLU of [0, 1) inputs is one,
-# of signed values not.
+# four times wider with a thousandth of them ten times larger again. Where an op of the reference acts
+# as a copy on a case (a ReLU of [0, 1) inputs; of signed values not), ``copying_per_case`` names it: a
+# knockout picked there poisons copies too.
 CASE_DISTRIBUTIONS = ("signed", "native", "wide_with_outliers")
 OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
 

@@ -909,9 +909,10 @@ class OpRecorder(TorchDispatchMode):
                 self.host_scalars += 1
                 self.host_bytes += sum(t.element_size() for t in inputs)
                 self.escaped = self.escaped or not self._all_data_free(inputs)
-            data_free = self._track_data_free(func, name, args, kwargs, inputs, outputs)
+            written = _written_arguments(func, args, kwargs)
+            data_free = self._track_data_free(name, inputs, outputs, written)
             if not self.launch_depth:
-                for t in (*outputs, *_written_arguments(func, args, kwargs)):
+                for t in (*outputs, *written):
                     self.producers[tensors.storage_id(t)] = name
             if is_compute_op(name):
                 self.path.append(name)
@@ -945,11 +946,10 @@ class OpRecorder(TorchDispatchMode):
         return all(tensors.storage_id(t) in self.data_free for t in inputs)
 
     def _track_data_free(
-        self, func: Any, name: str, args: Any, kwargs: dict[str, Any], inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+        self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], written: list[torch.Tensor]
     ) -> bool:
         """Whether this op's results hold values no input's data decided, noting their storages either
-        way (with the arguments it wrote into: an index written with the input's values is data)."""
-        written = _written_arguments(func, args, kwargs)
+        way (with the arguments it wrote into, ``written``: an index written with the input's values is data)."""
         sources = [t for t in inputs if not any(t is w for w in written)]  # an out= buffer gives no values
         data_free = (
             not self.escaped
