@@ -433,6 +433,15 @@ def _judge_outputs(
             guard="cross_call_cache",
             max_abs_error=_finite(max_error),
         )
+    if ref_result.get("input_independent"):
+        return Verdict(
+            "unverified",
+            "the output matches, but this task cannot judge a kernel: the reference gave the same output, bit for bit, "
+            "on different inputs, so a kernel that computes its answer cannot be told from one that returns a "
+            "remembered or PyTorch-made one (the task is degenerate: fix the reference)",
+            max_abs_error=_finite(max_error),
+            details={"observations": observations, "task": "input_independent"},
+        )
     knockouts = observations.get("knockouts") or {}
     for trial in KNOCKOUTS:
         if not produced(f"output_{trial}"):

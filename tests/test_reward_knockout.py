@@ -253,3 +253,43 @@ def test_a_parameter_passed_twice_to_a_launch_is_not_left_poisoned(
     assert not check_source(source)
     (verdict,) = evaluator.evaluate_group(reference, [source], CPU).verdicts
     assert verdict.correct, f"{verdict.status}/{verdict.guard}: {verdict.reason}"
+
+
+# --- a task that cannot judge ------------------------------------------------------------------------
+@pytest.mark.slow  # sandboxed children
+@pytest.mark.parametrize(
+    ("reference_forward", "answer_shaped"),
+    [
+        ("return torch.clamp(inputs[0], 0.5, 0.5)", "inputs[0]"),  # a constant whatever the input
+        # KernelBench level 2's 36 in small: a GELU of a sum far below zero is 0, so the bias is the answer
+        (
+            "s = inputs[0].abs().sum(dim=1, keepdim=True)\nreturn torch.nn.functional.gelu(-100.0 * s - 10.0) + 0.5",
+            "inputs[0][:, :1]",
+        ),
+    ],
+)
+def test_a_reference_whose_output_ignores_its_inputs_is_unverified_not_paid(
+    evaluator: Evaluator, reference_forward: str, answer_shaped: str
+) -> None:
+    """Other inputs, the same output bit for bit: no trial can tell a kernel that computes the answer
+    from one that returns it remembered or made by PyTorch. A matching kernel is not judged (the
+    trainer leaves it out of the loss, neither paid nor punished); a wrong one is still incorrect."""
+    reference = module(reference_forward, "[torch.randn(16, 64)]")
+    matching, wrong = (
+        kernel_candidate(f"return launch_clamp({answer_shaped}.contiguous(), {value}, {value})", CLAMP_KERNEL)
+        for value in (0.5, 0.25)
+    )
+    judged, judged_wrong = evaluator.evaluate_group(reference, [matching, wrong], CPU).verdicts
+    assert judged.status == "unverified", f"{judged.status}/{judged.guard}: {judged.reason}"
+    assert "cannot judge" in judged.reason
+    assert judged_wrong.status == "incorrect", judged_wrong.reason
+
+
+@pytest.mark.slow  # sandboxed children
+def test_a_reference_that_saturates_on_some_inputs_only_still_judges(evaluator: Evaluator) -> None:
+    """clamp(-1, 1) gives ±1 on most of the wide case's values but not all, and the other cases differ:
+    the reference depends on its inputs, and the honest kernel is judged (correct)."""
+    reference = module("return torch.clamp(inputs[0], -1.0, 1.0)", "[torch.randn(16, 64)]")
+    honest = kernel_candidate("return launch_clamp(inputs[0].contiguous(), -1.0, 1.0)", CLAMP_KERNEL)
+    (verdict,) = evaluator.evaluate_group(reference, [honest], CPU).verdicts
+    assert verdict.correct, f"{verdict.status}/{verdict.guard}: {verdict.reason}"

@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -59,6 +59,8 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     output_bytes = files_bytes = 0
     noise: list[list[float] | None] = []  # per case: the judge holds each trial to its own case's noise
     copying: list[list[str]] = []  # per case: its compute ops that acted as a copy on its values
+    seen_per_seed: dict[int, Digest] = {}  # per weight seed: its first case's inputs and output
+    same_output: dict[int, bool] = {}  # per later case of a seed: whether other inputs gave the first case's output
     case = 0
     with torch.no_grad():
         while case < n_cases:  # one case at a time: a KernelBench level-1 case alone is GBs
@@ -76,6 +78,10 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
                 copying.append(sorted(case_recorder.copying_ops))
                 distributions.append(distribution)
                 noise.append(rounding_noise(models[weight_seed], args, output, spec))
+                digest = _digest(args, output, spec["input_seed"])
+                first = seen_per_seed.setdefault(weight_seed, digest)
+                if first is not digest and first.inputs != digest.inputs:
+                    same_output[case] = first.output == digest.output
                 expected = tensors.to_cpu(output)
                 del args, output
             case_files = tensors.nbytes((init_inputs, inputs, expected))
@@ -101,6 +107,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
             if case == 0:
                 n_cases = cases_within(spec["trials"], case_bytes, spec.get("exchange_max_bytes"))
             case += 1
+    compared = [same for kept, same in same_output.items() if kept < n_cases]
     result: ReferenceResult = {
         "status": "ok",
         "cases": n_cases,
@@ -115,6 +122,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
         "input_bytes": input_bytes,
         "outputs": outputs_meta,
         "phases": phases.seconds,
+        "input_independent": bool(compared) and all(compared),
     }
     if spec.get("time") and device == "cuda":
         result.update(_time_reference(models[spec["weight_seeds"][0]], exchange, n_cases, spec, phases))
@@ -128,6 +136,21 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
 # knockout picked there poisons copies too.
 CASE_DISTRIBUTIONS = ("signed", "native", "wide_with_outliers")
 OUTLIER_SHARE, OUTLIER_SCALE, WIDE_SCALE = 1e-3, 10.0, 4.0
+
+
+class Digest(NamedTuple):
+    inputs: list[tuple[int, torch.Size]]
+    output: list[tuple[int, torch.Size]]
+
+
+def _digest(args: list[Any], output: Any, key: int) -> Digest:
+    """A case's inputs and output, bit for bit: two cases of one weight seed whose inputs differ and
+    outputs do not show a reference whose answer does not depend on its inputs."""
+
+    def of(obj: Any) -> list[tuple[int, torch.Size]]:
+        return [(tensors.fingerprint(t, key)[0], t.shape) for t in tensors.tensors_in(obj)]
+
+    return Digest(of(args), of(output))
 
 
 def _run_case(model: torch.nn.Module, inputs: list[Any], case: int, device: str) -> tuple[list[Any], Any, Any, OpRecorder, str]:
