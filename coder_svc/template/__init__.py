@@ -1,5 +1,6 @@
 """The ``template`` kernel generator: traces a module with torch.fx (sandboxed) and writes fused
-Triton kernels for its pointwise, reduction, softmax and normalisation chains. Deterministic; not an LLM."""
+Triton kernels for its pointwise, reduction, softmax, normalisation and pooling chains. Deterministic;
+not an LLM."""
 
 from coder_svc.template.generator import TemplateGenerator
 

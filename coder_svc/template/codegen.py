@@ -17,12 +17,15 @@ from typing import Any
 
 from coder_svc.template.fusion import External, Group, Plan
 from coder_svc.template.graph import DtypeConst, Graph, Node, NodeRef, Opaque, SliceConst, TupleConst, is_name
-from coder_svc.template.lowering import Elementwise, Norm, Reduce, Softmax
+from coder_svc.template.lowering import Elementwise, Norm, Pool, Reduce, Softmax
 from coder_svc.template.normalization import norm_kernel, norm_launcher
+from coder_svc.template.pooling import pool_kernel, pool_launcher
 from coder_svc.template.triton_ops import HELPERS, expression, literal
 from services.outcomes import Declined
 
-VERSION = "template-3"  # 2: reductions over few rows split their range across programs; 3: batch, instance and group norms
+# 2: reductions over few rows split their range across programs; 3: batch, instance and group norms;
+# 4: max and average pools (adaptive ones too, where the windows divide evenly)
+VERSION = "template-4"
 TILE = 2048  # elements per 2D reduction tile
 INT32_LIMIT = 2**31 - 2**22  # beyond this many elements, offsets are computed in 64 bits
 TORCH_DTYPES = {
@@ -197,8 +200,8 @@ class KernelWriter:
 
     # -- the group's reduction, for the code paths that run only for groups that have one
     @property
-    def reduced(self) -> Reduce | Softmax | Norm:
-        assert self.reduction is not None, "only a group with a reduction, softmax or norm writes this part"
+    def reduced(self) -> Reduce | Softmax | Norm | Pool:
+        assert self.reduction is not None, "only a group with a reduction, softmax, norm or pool writes this part"
         return self.reduction
 
     @property
@@ -211,9 +214,14 @@ class KernelWriter:
         assert isinstance(self.reduction, Reduce), "only a reduction group writes this part"
         return self.reduction
 
+    @property
+    def reshapes(self) -> bool:
+        """Whether the post chain runs over another shape than the input's (reduced or pooled)."""
+        return isinstance(self.reduction, (Reduce, Pool))
+
     # -- externals: flat (same shape as the phase's domain, made contiguous) or strided (broadcast)
     def phase_domain(self, phase: str) -> tuple[int, ...]:
-        if phase == "pre" or not isinstance(self.reduction, Reduce):
+        if phase == "pre" or not self.reshapes:
             return self.g.domain
         return self.g.post_domain
 
@@ -477,14 +485,20 @@ class KernelWriter:
         return coords
 
     # -- launcher
-    def launcher(self) -> list[str]:
+    def launcher_head(self, leading: str = "") -> tuple[list[str], dict[str, str], str]:
+        """A launcher's first lines: ``def kz_run_K(leading, a0, a1, ...)`` over the group's inputs and
+        ``S``, the domain; with each input's parameter name and the output's device."""
         inputs = launcher_inputs(self.g)
         name_of = {v: f"a{j}" for j, v in enumerate(inputs)}
         pre = [name_of[e.value] for e in self.g.externals if e.phase == "pre"]
-        lines = [f"def kz_run_{self.k}({', '.join(name_of[v] for v in inputs)}):"]
+        params = ", ".join(([leading] if leading else []) + [name_of[v] for v in inputs])
+        lines = [f"def kz_run_{self.k}({params}):"]
         lines.append(f"    S = tuple(torch.broadcast_shapes({', '.join(p + '.shape' for p in pre)}))")
+        return lines, name_of, f"{pre[0]}.device"
+
+    def launcher(self) -> list[str]:
+        lines, name_of, device = self.launcher_head()
         dtype = f"torch.{self.g.dtype}"
-        device = f"{pre[0]}.device"
         red = self.reduction
         if isinstance(red, Reduce):
             kept = f"[1] * {self.d1 - self.d0}" if red.keepdim else "[]"
@@ -553,11 +567,11 @@ class KernelWriter:
                 pointers.append(f"c{k}")
                 continue
             pointers.append(a)
-            if e.phase == "pre" or not isinstance(red, Reduce):
+            if e.phase == "pre" or not self.reshapes:
                 lines.append(f"    st{k} = list({a}.expand(S).stride())")
             else:
                 lines.append(f"    st{k} = list({a}.expand(out_shape).stride())")
-                if not red.keepdim:
+                if isinstance(red, Reduce) and not red.keepdim:
                     lines.append(f"    st{k}[{self.d0}:{self.d0}] = [0] * {self.d1 - self.d0}")
             strides.append(f"*st{k}")
         return pointers, strides
@@ -568,7 +582,9 @@ class KernelWriter:
 
     def source(self) -> str:
         if isinstance(self.reduction, Norm):
-            kernel, launcher = norm_kernel(self, KernelText()), norm_launcher(self, launcher_inputs(self.g))
+            kernel, launcher = norm_kernel(self, KernelText()), norm_launcher(self)
+        elif isinstance(self.reduction, Pool):
+            kernel, launcher = pool_kernel(self, KernelText()), pool_launcher(self)
         else:
             kernel = self.pointwise_kernel() if self.reduction is None else self.reduction_kernel()
             launcher = self.launcher()

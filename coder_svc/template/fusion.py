@@ -1,9 +1,9 @@
 """Group the lowered nodes into fused kernels: a chain of pointwise ops, at most one reduction,
-softmax or normalisation, and the pointwise chain after it. Everything else stays a PyTorch call.
+softmax, normalisation or pool, and the pointwise chain after it. Everything else stays a PyTorch call.
 
 A node joins the group that produced its input only when that input has no other user, so no
 value inside a kernel is ever needed outside it; external tensors must broadcast to the group's
-domain (the full shape before the reduction, the reduced shape after it).
+domain (the full shape before the reduction, the reduced or pooled shape after it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from coder_svc.template.graph import Graph, Node, node_refs
-from coder_svc.template.lowering import FLOAT_DTYPES, Alias, Elementwise, Lowered, Norm, Reduce, Softmax, lower
+from coder_svc.template.lowering import (
+    FLOAT_DTYPES,
+    Alias,
+    Elementwise,
+    Lowered,
+    Norm,
+    Pool,
+    Reduce,
+    Softmax,
+    Unsupported,
+    lower,
+)
 from coder_svc.template.triton_ops import supports
 
 
@@ -31,7 +42,7 @@ class Group:
     index: int
     domain: tuple[int, ...]
     pre: list[tuple[str, Elementwise]] = field(default_factory=list)
-    reduction: tuple[str, Reduce | Softmax | Norm] | None = None
+    reduction: tuple[str, Reduce | Softmax | Norm | Pool] | None = None
     post: list[tuple[str, Elementwise]] = field(default_factory=list)
     externals: list[External] = field(default_factory=list)
     head: str = ""
@@ -59,6 +70,8 @@ class Plan:
     groups: list[Group]
     group_of: dict[str, int]
     aliases: dict[str, str]
+    unsupported: dict[str, str] = field(default_factory=dict)
+    """Ops the generator knows but leaves to PyTorch in the form they take here, with the reason."""
 
     def resolve(self, name: str) -> str:
         while name in self.aliases:
@@ -107,7 +120,7 @@ def plan(graph: Graph) -> Plan:
         meta = node.tensor
         if isinstance(ir, Reduce) and ir.tuple_output and isinstance(node.meta, list) and node.meta:
             meta = node.meta[0]  # (values, indices): only the values are generated
-        if node.name in aliases or ir is None or isinstance(ir, Alias) or meta is None:
+        if node.name in aliases or ir is None or isinstance(ir, (Alias, Unsupported)) or meta is None:
             continue
         if _is_inplace(node) and _observed_mutation(node, graph, order):
             continue
@@ -152,7 +165,7 @@ def plan(graph: Graph) -> Plan:
                 groups.append(group)
                 group.add_external(source, shape, "pre")
             group.reduction = (node.name, ir)
-            group.post_domain = tuple(meta.shape) if isinstance(ir, Reduce) else shape
+            group.post_domain = tuple(meta.shape) if isinstance(ir, (Reduce, Pool)) else shape
         group.head = node.name
         group.dtype = meta.dtype
         group.members.append(node.name)
@@ -170,7 +183,8 @@ def plan(graph: Graph) -> Plan:
     aliases = {
         name: source for name, source in aliases.items() if not (_tuple_reduction(lowered[source]) and source not in final_of)
     }
-    return Plan(graph, renumbered, final_of, aliases)
+    unsupported = {name: ir.reason for name, ir in lowered.items() if isinstance(ir, Unsupported)}
+    return Plan(graph, renumbered, final_of, aliases, unsupported)
 
 
 def _tuple_reduction(lowered: Lowered) -> bool:

@@ -71,6 +71,7 @@ def describe(fused: Plan) -> dict[str, Any]:
     return {
         "kernels": [{"ops": g.members, "reduction": g.reduction[1].kind if g.reduction else None} for g in fused.groups],
         "pytorch_ops": torch_ops,
+        "unsupported": fused.unsupported,  # node -> why PyTorch still runs that op
     }
 
 
@@ -79,4 +80,5 @@ def no_fusable_reason(fused: Plan) -> str:
     if not ops:
         return "no fusable op: the forward computes nothing"
     shown = ", ".join(dict.fromkeys(ops))
-    return f"no fusable op: the module only runs {shown}"
+    why = "".join(f"; {name}: {reason}" for name, reason in fused.unsupported.items())
+    return f"no fusable op: the module only runs {shown}{why}"

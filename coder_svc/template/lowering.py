@@ -1,5 +1,6 @@
 """What each fx node means to the generator: a pointwise op, a reduction, a softmax, a
-normalisation, an alias, or something PyTorch keeps doing (None).
+normalisation, a pool, an alias, or something PyTorch keeps doing (None, or Unsupported with the
+reason when the generator knows the op but not this use of it).
 
 Functions, methods and ``torch.nn`` activation modules all map onto one small vocabulary, so the
 fusion and code generation never look at fx targets again.
@@ -7,6 +8,7 @@ fusion and code generation never look at fx targets again.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +190,33 @@ class Norm:
     module: str  # the module's attribute path in the model
 
 
-Lowered = Elementwise | Reduce | Softmax | Norm | Alias | None
+@dataclass(frozen=True)
+class Pool:
+    """Max or average pooling over the last ``dims`` dims (1 to 3), as ``torch.nn.functional``'s
+    pools compute it. An adaptive pool (``output_size`` set) has windows and strides of the input's
+    size over the output's, computed at run time: it is lowered only when they divide evenly."""
+
+    kind: str  # max_pool or avg_pool
+    source: str
+    dims: int
+    kernel: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor: int | None = None
+    output_size: tuple[int | None, ...] | None = None  # adaptive; None keeps the input's size
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """An op the generator knows but not in this form: PyTorch keeps it, and the draft says why."""
+
+    reason: str
+
+
+Lowered = Elementwise | Reduce | Softmax | Norm | Pool | Alias | Unsupported | None
 
 
 @dataclass
@@ -292,9 +320,108 @@ def _norm(node: Node, graph: dict[str, Node]) -> Norm | None:
     return Norm(kind, source.node, node.target)
 
 
+# pooling functions (torch.nn.functional's and torch's) -> their parameters after the input, with defaults
+POOL_FUNCTION = re.compile(r"(max_pool|avg_pool|adaptive_avg_pool|adaptive_max_pool)([123])d(_with_indices)?")
+POOL_PARAMS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "max_pool": (
+        ("kernel_size", None),
+        ("stride", None),
+        ("padding", 0),
+        ("dilation", 1),
+        ("ceil_mode", False),
+        ("return_indices", False),
+    ),
+    "avg_pool": (
+        ("kernel_size", None),
+        ("stride", None),
+        ("padding", 0),
+        ("ceil_mode", False),
+        ("count_include_pad", True),
+        ("divisor_override", None),
+    ),
+    "adaptive_avg_pool": (("output_size", None),),
+    "adaptive_max_pool": (("output_size", None), ("return_indices", False)),
+}
+# torch.nn pooling modules -> (their function's family, pooled dims); they hold the same parameters
+POOL_MODULES = {
+    f"torch.nn.modules.pooling.{cls}{dims}d": (family, dims)
+    for family, cls in (
+        ("max_pool", "MaxPool"),
+        ("avg_pool", "AvgPool"),
+        ("adaptive_avg_pool", "AdaptiveAvgPool"),
+        ("adaptive_max_pool", "AdaptiveMaxPool"),
+    )
+    for dims in (1, 2, 3)
+}
+
+
+def _pool_module(node: Node, graph: dict[str, Node]) -> Pool | Reduce | Unsupported | None:
+    assert node.module is not None
+    family, dims = POOL_MODULES[node.module.cls]
+    attrs = node.module.attrs
+    # every parameter must have been read: a default standing in for an unreadable one would be wrong
+    missing = [key for key, _ in POOL_PARAMS[family] if key not in attrs and key != "divisor_override"]
+    if missing:
+        return Unsupported(f"its {missing[0]} is not a constant the trace could read")
+    if len(node.args) != 1 or node.kwargs:
+        return None
+    named = {key: attrs[key] for key, _ in POOL_PARAMS[family] if key in attrs}
+    return _pool(family, dims, _Call(family, list(node.args), named), node, graph)
+
+
+def _sizes(value: Any, dims: int, none_ok: bool = False) -> tuple[Any, ...] | None:
+    """A pool's per-dim parameter (one int for all dims, or one per dim) as a tuple of ``dims``."""
+    value = _plain(value)
+    items = value if isinstance(value, list) else [value]
+    if len(items) not in (1, dims) or not all(
+        (isinstance(v, int) and not isinstance(v, bool)) or (none_ok and v is None) for v in items
+    ):
+        return None
+    return tuple(items * dims if len(items) == 1 else items)
+
+
+def _pool(family: str, dims: int, call: _Call, node: Node, graph: dict[str, Node]) -> Pool | Reduce | Unsupported | None:
+    source = call.positional[0]
+    src = graph.get(source.node) if isinstance(source, NodeRef) else None
+    if src is None or src.tensor is None or not isinstance(source, NodeRef):
+        return None
+    if node.tensor is None:  # a (values, indices) pair
+        return Unsupported("it returns the indices of its maxima, which the generator does not compute")
+    rank = len(src.tensor.shape)
+    if rank not in (dims + 1, dims + 2):
+        return Unsupported(f"a {dims}d pool of a {rank}d input")
+    p = {key: _plain(call.get(i + 1, key, default)) for i, (key, default) in enumerate(POOL_PARAMS[family])}
+    if family.startswith("adaptive"):
+        size = _sizes(p["output_size"], dims, none_ok=True)
+        if size is None:
+            return Unsupported("its output_size is not a constant")
+        spatial = src.tensor.shape[rank - dims :]
+        out = [x if o is None else o for x, o in zip(spatial, size)]
+        if any(o < 1 or x % o for x, o in zip(spatial, out)):
+            return Unsupported(f"adaptive windows of unequal sizes ({tuple(spatial)} pooled to {tuple(out)})")
+        if family == "adaptive_avg_pool" and all(o == 1 for o in size):  # a global average is a mean
+            return Reduce("mean", source.node, (rank - dims, rank), keepdim=True)
+        return Pool(family.removeprefix("adaptive_"), source.node, dims, output_size=size)
+    kernel = _sizes(p["kernel_size"], dims)
+    stride = kernel if p["stride"] in (None, []) else _sizes(p["stride"], dims)
+    padding = _sizes(p["padding"], dims)
+    dilation = _sizes(p.get("dilation", 1), dims)
+    flags = [p["ceil_mode"], p.get("count_include_pad", True)]
+    divisor = p.get("divisor_override")
+    if kernel is None or stride is None or padding is None or dilation is None or not all(isinstance(f, bool) for f in flags):
+        return Unsupported("its kernel_size, stride, padding, dilation or mode is not a constant")
+    if min(kernel + stride + dilation) < 1 or min(padding) < 0 or any(2 * q > k for q, k in zip(padding, kernel)):
+        return Unsupported("its window parameters are out of range (PyTorch rejects them too)")
+    if divisor is not None and not (isinstance(divisor, int) and not isinstance(divisor, bool) and divisor > 0):
+        return Unsupported("its divisor_override is not a positive int")
+    return Pool(family, source.node, dims, kernel, stride, padding, dilation, flags[0], flags[1], divisor)
+
+
 def lower(node: Node, graph: dict[str, Node]) -> Lowered:
     if node.op == "call_module" and node.module and node.module.cls in NORM_MODULES:
         return _norm(node, graph)
+    if node.op == "call_module" and node.module and node.module.cls in POOL_MODULES:
+        return _pool_module(node, graph)
     call = _call_of(node)
     if call is None or not call.positional:
         return None
@@ -356,6 +483,9 @@ def lower(node: Node, graph: dict[str, Node]) -> Lowered:
         return _binary(name, call)
     if name in REDUCTIONS:
         return _reduction(name, call, node, graph)
+    pool = POOL_FUNCTION.fullmatch(name)
+    if pool:
+        return _pool(pool[1], int(pool[2]), call, node, graph)
     if name in SOFTMAXES:
         if not isinstance(source, NodeRef) or call.get(2, "dtype") is not None or call.get(1, "dim") is None:
             return None

@@ -98,15 +98,11 @@ def norm_kernel(writer: KernelWriter, text: KernelText) -> list[str]:
     return text.lines
 
 
-def norm_launcher(writer: KernelWriter, inputs: list[str]) -> list[str]:
+def norm_launcher(writer: KernelWriter) -> list[str]:
     """``kz_run_K(m, inputs...)``: ``m`` is the norm module, read at run time for its mode, running
     statistics (updated in training mode), affine parameters and eps."""
     g, norm = writer.g, _norm(writer)
-    name_of = {v: f"a{j}" for j, v in enumerate(inputs)}
-    pre = [name_of[e.value] for e in g.externals if e.phase == "pre"]
-    device = f"{pre[0]}.device"
-    lines = [f"def kz_run_{writer.k}(m, {', '.join(name_of[v] for v in inputs)}):"]
-    lines.append(f"    S = tuple(torch.broadcast_shapes({', '.join(p + '.shape' for p in pre)}))")
+    lines, name_of, device = writer.launcher_head("m")
     lines.append(f"    out = torch.empty(S, device={device}, dtype=torch.{g.dtype})")
     pointers, strides = writer.external_args(lines, name_of)
     lines.append("    if out.numel() == 0:")
