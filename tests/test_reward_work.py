@@ -178,13 +178,13 @@ def argmax_all_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr, tl.argmax(tl.load(x_ptr + offs, mask=offs < n, other=-float("inf")), axis=0).to(tl.int64))
 """
-ALL_POSITIVE_KERNEL = """
+ALL_ABOVE_KERNEL = """
 @triton.jit
-def all_positive_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def all_above_kernel(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=1.0)
-    tl.store(out_ptr + row, tl.min((x > 0).to(tl.int32), axis=0).to(tl.int1))
+    x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)
+    tl.store(out_ptr + row, tl.min((x > -2.5).to(tl.int32), axis=0).to(tl.int1))
 """
 GRAM_KERNEL = """
 @triton.jit
@@ -267,13 +267,15 @@ HONEST = {  # (reference, candidate)
             ARGMAX_ALL_KERNEL,
         ),
     ),
+    # every row False on the wide case (a row of 64 above -2.5 is two in three on the others): a reference
+    # the same whatever its inputs would not be judged at all
     "booleans all alike": (
-        module("return torch.all(inputs[0] > 0, dim=1)", "[torch.randn(16, 256)]"),
+        module("return torch.all(inputs[0] > -2.5, dim=1)", "[torch.randn(16, 64)]"),
         kernel_candidate(
             "x = inputs[0].contiguous()\nout = torch.empty(x.shape[0], dtype=torch.bool)\n"
-            "all_positive_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))\n"
+            "all_above_kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))\n"
             "return out",
-            ALL_POSITIVE_KERNEL,
+            ALL_ABOVE_KERNEL,
         ),
     ),
     "indices of two rows": (
