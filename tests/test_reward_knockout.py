@@ -145,6 +145,23 @@ def test_a_forward_that_returns_another_tensor_once_it_sees_the_poison_is_caught
 
 
 @pytest.mark.slow  # sandboxed children
+def test_out_of_memory_in_the_knockout_is_a_shortage_not_evasion(evaluator: Evaluator) -> None:
+    """Device memory other children held can run out in the knockout as anywhere (KernelBench level 1's
+    GB tensors, three children on the GPU): the worker runs the candidate again, and one still short gets
+    the shortage as its verdict (a runtime error, never paid), not evasion. Stood for by a forward that
+    raises PyTorch's out-of-memory error whenever its kernel's result is not its input's clamp."""
+    source = kernel_candidate(
+        "x = inputs[0].contiguous()\nout = launch_clamp(x, -1.0, 1.0)\n"
+        "if not bool(torch.equal(out, torch.clamp(x, -1.0, 1.0))):\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 4.00 GiB')\nreturn out",
+        CLAMP_KERNEL,
+    )
+    (verdict,) = evaluator.evaluate_group(CLAMP_REFERENCE, [source], CPU).verdicts
+    assert (verdict.status, verdict.guard) == ("runtime_error", None), f"{verdict.status}/{verdict.guard}: {verdict.reason}"
+    assert verdict.reason.startswith("out of memory") and verdict.details["out_of_memory"], verdict.reason
+
+
+@pytest.mark.slow  # sandboxed children
 def test_the_warm_ups_answers_tell_nothing_about_the_trials(evaluator: Evaluator) -> None:
     """PyTorch computes the matmul in the warm-ups (unjudged, unrecorded) and the trials' answers are
     read from them where the inputs are proportional: with two trials, every judged answer. The
