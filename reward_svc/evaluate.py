@@ -255,7 +255,14 @@ class Evaluator:
                 "copies_are_work": copies_are_work,
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
-            files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], ref_result.get("rounding_noise"), knockout_case)
+            files = TrialFiles(
+                child.workdir,
+                ref_dir,
+                ref_result["cases"],
+                ref_result.get("rounding_noise"),
+                knockout_case,
+                ref_result.get("distributions"),
+            )
             started = time.perf_counter()
             with OutputStream(compare_files, files):
                 outcome, answer = child.run(spec)

@@ -70,6 +70,20 @@ class Comparison(NamedTuple):
     mismatched: float | None = None  # share of the informative elements outside tolerance (None: none to count)
 
 
+class Allowance(NamedTuple):
+    """What one case's comparison allows beyond the tolerance.
+
+    ``noise``: per output tensor, the reference's own rounding noise (L2), where it measured one.
+    ``hidden``: the case's inputs are a hidden distribution's (signed, wide), where sums cancel: a
+    value near 0 is then a difference of large terms, rounded at their scale, not at its own, so
+    the absolute tolerance is taken relative to the output's root mean square (``atol·rms`` when
+    that is larger). Fitting ``[0, 1)`` (a ReLU skipped, a polynomial ``exp``) errs at the output's
+    own scale and still shows; ``get_inputs()``'s own case is held to the tolerance as it is."""
+
+    noise: list[float] | None = None
+    hidden: bool = False
+
+
 @dataclass(frozen=True)
 class Tolerance:
     atol: float | None = None
@@ -146,24 +160,24 @@ class FileComparer:
         deleted later must not pass for a trial that never ran), else the file's presence."""
         return output.stem in self.fingerprints if self.key is not None else output.exists()
 
-    def consume(self, output: Path, expected: Path, noise: float | list[float] | None = None) -> None:
+    def consume(self, output: Path, expected: Path, allowance: Allowance | None = None) -> None:
         """Judge ``output`` now, while the child may still run, and let its file go. The file is
         read into this process's memory, not mapped: through a mapping, the child could change the
         bytes between the fingerprint and the comparison, or cut the file short under the reader
         (SIGBUS, the worker's death)."""
-        self._judged[output.stem] = self._judge_file(output, expected, noise, private=True)
+        self._judged[output.stem] = self._judge_file(output, expected, allowance, private=True)
         with contextlib.suppress(OSError):  # a directory planted under the name: left, and judged in place
             output.unlink(missing_ok=True)
 
-    def __call__(self, output: Path, expected: Path, noise: list[float] | None = None) -> Comparison:
-        seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, noise)
+    def __call__(self, output: Path, expected: Path, allowance: Allowance | None = None) -> Comparison:
+        seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, allowance)
         if seen is not None:
             self._check_fingerprint(output.stem, seen)
         if isinstance(outcome, EarlyVerdict):
             raise outcome
         return outcome
 
-    def _judge_file(self, output: Path, expected: Path, noise: Any, *, private: bool = False) -> Judged:
+    def _judge_file(self, output: Path, expected: Path, allowance: Allowance | None, *, private: bool = False) -> Judged:
         """(the fingerprint of the bytes judged, where they loaded; the comparison or the verdict it ends in).
         The file is opened without following a link and without blocking (a FIFO planted under its name
         would hang ``torch.load``), must be a regular file no larger than its expected output's (plus
@@ -190,18 +204,18 @@ class FileComparer:
             self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
             self._loaded[expected] = tensors.load(expected)
         if self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES:  # the same choice for every trial
-            judged = self._compare_on(self.device, output.stem, out, self._loaded[expected], noise)
+            judged = self._compare_on(self.device, output.stem, out, self._loaded[expected], allowance)
             if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
                 return judged
-        return self._compare_on("cpu", output.stem, out, self._loaded[expected], noise)  # small, or the device is full
+        return self._compare_on("cpu", output.stem, out, self._loaded[expected], allowance)  # small, or the device is full
 
-    def _compare_on(self, device: str, name: str, out: Any, expected: Any, noise: Any) -> Judged:
+    def _compare_on(self, device: str, name: str, out: Any, expected: Any, allowance: Allowance | None) -> Judged:
         seen = None
         try:
             with contextlib.nullcontext() if device == "cpu" else self.lock():
                 out = tensors.to_device(out, device)
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
-                return seen, compare(out, tensors.to_device(expected, device), self.tolerance, noise)
+                return seen, compare(out, tensors.to_device(expected, device), self.tolerance, allowance)
         except torch.OutOfMemoryError:
             return seen, EarlyVerdict(
                 Verdict(
@@ -241,6 +255,7 @@ class TrialFiles:
     cases: int
     rounding_noise: list[Any] | None = None
     knockout_case: int = 0
+    distributions: list[str] | None = None  # per case, as the reference drew its inputs
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
@@ -257,8 +272,11 @@ class TrialFiles:
     def expected(self, name: str) -> Path:
         return self.ref_dir / f"expected_{self.names()[name]}.pt"
 
-    def noise(self, name: str) -> Any:
-        return (self.rounding_noise or [None] * self.cases)[self.names()[name]]
+    def allowance(self, name: str) -> Allowance:
+        case = self.names()[name]
+        noise = (self.rounding_noise or [None] * self.cases)[case]
+        distribution = (self.distributions or ["native"] * self.cases)[case]
+        return Allowance(noise, hidden=distribution != "native")
 
 
 class OutputStream:
@@ -297,7 +315,7 @@ class OutputStream:
                     except OSError:  # the candidate made its dir unreadable: left to the judge in place
                         continue
                     if published:
-                        self.compare_files.consume(output, self.files.expected(name), self.files.noise(name))
+                        self.compare_files.consume(output, self.files.expected(name), self.files.allowance(name))
                         self.pending.remove(name)
                 self._stop.wait(self.POLL_S)
         except BaseException as exc:  # a judge bug: raised in the worker's thread once the child is done
@@ -403,7 +421,7 @@ def _judge_outputs(
     observations: Observations,
 ) -> Verdict:
     def against_reference(name: str) -> Comparison:
-        return compare_files(files.output(name), files.expected(name), files.noise(name))
+        return compare_files(files.output(name), files.expected(name), files.allowance(name))
 
     def produced(name: str) -> bool:
         return compare_files.produced(files.output(name))
@@ -647,10 +665,11 @@ def _spill(family: str, done: float, reference_done: float, combining: Any) -> f
     return beyond
 
 
-def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float] | None = None) -> Comparison:
-    """(ok, why not, max abs error, mismatched share) for one trial's output against the reference's;
-    ``noise``: per output tensor, the reference's own rounding noise (L2), where it measured one. The
-    mismatched share counts every output tensor's informative values (``_informative``) outside tolerance."""
+def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowance | None = None) -> Comparison:
+    """(ok, why not, max abs error, mismatched share) for one trial's output against the reference's,
+    with the case's ``allowance``. The mismatched share counts every output tensor's informative values
+    (``_informative``) outside tolerance."""
+    noise, hidden = allowance or Allowance()
     outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
     if len(outs) != len(refs):
         return Comparison(False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf, 1.0)
@@ -666,7 +685,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float]
                 False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0
             )
         floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
-        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0))
+        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0), hidden)
         worst = max(worst, error)
         bad, counted = bad + tensor_bad, counted + tensor_counted
         if not ok and not failure:
@@ -675,7 +694,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, noise: list[float]
 
 
 def _compare_tensor(
-    out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float
+    out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float, hidden: bool = False
 ) -> tuple[bool, str, float, int, int]:
     """(ok, why not, max abs error, informative values outside tolerance, informative values)."""
     if not (ref.is_floating_point() or ref.is_complex()):  # every place informative: an index, a flag
@@ -691,7 +710,9 @@ def _compare_tensor(
     # Half types are compared in float32, the rest in their own type; a slice at a time, so the
     # comparison needs little memory beside the two outputs (a level-1 output is 6.4 GB).
     compute = torch.promote_types(ref.dtype, torch.float32)
-    low, high = _finite_range(ref, compute)
+    low, high, rms = _finite_range(ref, compute)
+    if hidden and not ref.is_complex():  # sums that cancel on signed inputs round at their terms' scale (Allowance)
+        atol = max(atol, tolerance.for_dtype(ref.dtype)[0] * rms)
     error, bad, all_finite, pattern_differs = 0.0, 0, True, False
     informative_bad = informative = 0
     for out_part, ref_part in tensors.slices(out, ref):
@@ -729,16 +750,20 @@ def _compare_tensor(
     return ok, why, error, 0, 0  # values closer than the tolerance itself tell nothing one by one: no share
 
 
-def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None, float | None]:
-    """The smallest and largest finite value of ``ref`` (None where it has none, or is complex)."""
+def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None, float | None, float]:
+    """The smallest and largest finite value of ``ref`` (None where it has none, or is complex), and
+    the root mean square of its finite values (0 where none)."""
     if ref.is_complex():
-        return None, None
-    low, high = math.inf, -math.inf
+        return None, None, 0.0
+    low, high, squares, count = math.inf, -math.inf, 0.0, 0
     for (part,) in tensors.slices(ref):
         finite = part.to(compute)[torch.isfinite(part)]
         if finite.numel():
             low, high = min(low, float(finite.min())), max(high, float(finite.max()))
-    return (low, high) if low <= high else (None, None)
+            squares += float(finite.double().square().sum())
+            count += finite.numel()
+    rms = math.sqrt(squares / count) if count else 0.0
+    return (low, high, rms) if low <= high else (None, None, rms)
 
 
 def _informative(

@@ -310,3 +310,36 @@ def test_a_reference_that_saturates_on_some_inputs_only_still_judges(evaluator: 
     honest = kernel_candidate("return launch_clamp(inputs[0].contiguous(), -1.0, 1.0)", CLAMP_KERNEL)
     (verdict,) = evaluator.evaluate_group(reference, [honest], CPU).verdicts
     assert verdict.correct, f"{verdict.status}/{verdict.guard}: {verdict.reason}"
+
+
+ROW_SUM_KERNEL = """
+@triton.jit
+def row_sum_kernel(x_ptr, out_ptr, rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for c0 in range(0, n_cols, BLOCK_R):
+        c = c0 + tl.arange(0, BLOCK_R)
+        mask = (r < rows)[:, None] & (c < n_cols)[None, :]
+        acc += tl.load(x_ptr + r[:, None] * n_cols + c[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + r, tl.sum(acc, axis=1), mask=r < rows)
+
+
+def row_sum(x):
+    out = torch.empty(x.shape[0], dtype=x.dtype)
+    row_sum_kernel[(triton.cdiv(x.shape[0], 64),)](x, out, x.shape[0], x.shape[1], BLOCK_M=64, BLOCK_R=128)
+    return out
+"""
+
+
+@pytest.mark.slow  # sandboxed children
+def test_a_sum_that_cancels_on_signed_inputs_is_judged_at_its_terms_scale(evaluator: Evaluator) -> None:
+    """KernelBench level 1's 47 on the H200: a sum over 4,096 values of the wide case, rounded in another
+    order than PyTorch's, missed atol on 16 of 524,160 values, each near 0 because large terms cancel
+    there. On the hidden distributions atol is taken relative to the output's root mean square, so an
+    honest row sum passes; a row sum that drops a column still fails."""
+    reference = module("return torch.sum(inputs[0], dim=1)", "[torch.rand(1024, 2048) * 100.0]")
+    honest = kernel_candidate("return row_sum(inputs[0].contiguous())", ROW_SUM_KERNEL)
+    dropped = kernel_candidate("return row_sum(inputs[0][:, 1:].contiguous())", ROW_SUM_KERNEL)
+    honest_verdict, dropped_verdict = evaluator.evaluate_group(reference, [honest, dropped], CPU).verdicts
+    assert honest_verdict.correct, f"{honest_verdict.status}/{honest_verdict.guard}: {honest_verdict.reason}"
+    assert dropped_verdict.status == "incorrect", dropped_verdict.reason
