@@ -33,6 +33,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
 from servers import serve
 from services.cli.launcher import platform_commands
@@ -225,6 +226,12 @@ def shared_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evalu
 @pytest.fixture
 def evaluator(shared_evaluator: Evaluator) -> Evaluator:
     return shared_evaluator
+
+
+@pytest.fixture
+def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
+    """The template generator (its tracer's sandboxed children on the test's settings)."""
+    return TemplateGenerator(kz_env())
 
 
 @pytest.fixture

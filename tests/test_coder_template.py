@@ -4,14 +4,12 @@ the reward service's verdict under the Triton interpreter; declines; the trace n
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
-from services.config import Settings
 from services.llm.chat import Sampling
 from services.schemas.reward import ScoreOptions
 
@@ -105,11 +103,6 @@ CORRECT_CASES = {
 }
 
 CONV_ONLY = module("        self.conv = nn.Conv2d(3, 8, 3)", "x):\n        return self.conv(x)", "[torch.randn(1, 3, 8, 8)]")
-
-
-@pytest.fixture
-def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
-    return TemplateGenerator(kz_env())
 
 
 @pytest.mark.slow

@@ -4,44 +4,20 @@ so the reward's work-share rule sees the kernels, not PyTorch, computing the nor
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import template_cases
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
-from services.config import Settings
 from services.llm.chat import Sampling
 from services.schemas.reward import ScoreOptions
-
-HEADER = "import torch\nimport torch.nn as nn\n\n\n"
+from template_cases import assert_check_passes
 
 
 def problem(init: str, forward: str, inputs: str, init_inputs: str) -> str:
-    return (
-        HEADER
-        + f"""class Model(nn.Module):
-    def __init__(self, *args):
-        super().__init__()
-{init}
-
-    def forward(self, x):
-{forward}
-        return x
-
-
-def get_inputs():
-    return {inputs}
-
-
-def get_init_inputs():
-    return {init_inputs}
-"""
-    )
+    return template_cases.problem(init, forward + "\n        return x", inputs, init_inputs)
 
 
 CASES = {
@@ -102,11 +78,6 @@ CASES = {
 }
 
 
-@pytest.fixture
-def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
-    return TemplateGenerator(kz_env())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_norm_kernels_are_correct_and_do_the_work(case: str, generator: TemplateGenerator, evaluator: Evaluator) -> None:
@@ -153,18 +124,7 @@ def test_training_mode_uses_batch_statistics_and_updates_the_running_ones(
     """The reward builds models in eval mode; a module left in training mode (nn's default) must
     normalise with the batch's statistics and update the running ones as PyTorch does."""
     draft = generator.generate(CASES[case], "triton", Sampling())[0]
-    assert draft.source, draft.declined
-    (tmp_path / "candidate.py").write_text(draft.source)
-    (tmp_path / "check.py").write_text(TRAINING_CHECK)
-    done = subprocess.run(
-        [sys.executable, "check.py", "candidate.py"],
-        cwd=tmp_path,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert_check_passes(draft, TRAINING_CHECK, tmp_path)
 
 
 def test_norms_it_cannot_lower_stay_in_pytorch(generator: TemplateGenerator) -> None:

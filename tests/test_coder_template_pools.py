@@ -4,44 +4,15 @@ so the reward's work-share rule sees the kernels, not PyTorch, computing the poo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
-from services.config import Settings
 from services.llm.chat import Sampling
 from services.schemas.reward import ScoreOptions
-
-HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
-
-
-def problem(init: str, forward: str, inputs: str, init_inputs: str = "[]") -> str:
-    return (
-        HEADER
-        + f"""class Model(nn.Module):
-    def __init__(self, *args):
-        super().__init__()
-{init}
-
-    def forward(self, x):
-{forward}
-
-
-def get_inputs():
-    return {inputs}
-
-
-def get_init_inputs():
-    return {init_inputs}
-"""
-    )
-
+from template_cases import assert_check_passes, problem
 
 CASES = {
     "78_convtranspose3d_max_max_sum": problem(
@@ -95,11 +66,6 @@ def pools_in_pytorch(details: dict) -> list[str]:
     return [op for op in details["pytorch_ops"] if "pool" in op.lower()]
 
 
-@pytest.fixture
-def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
-    return TemplateGenerator(kz_env())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pool_kernels_are_correct_and_do_the_work(case: str, generator: TemplateGenerator, evaluator: Evaluator) -> None:
@@ -151,18 +117,7 @@ print("ok")
 def test_max_pools_match_pytorch_bit_for_bit(generator: TemplateGenerator, tmp_path: Path) -> None:
     """PyTorch keeps a window's first largest value or its last NaN: so do the kernels, signed zeros included."""
     draft = generator.generate(CASES["max_pools"], "triton", Sampling())[0]
-    assert draft.source, draft.declined
-    (tmp_path / "candidate.py").write_text(draft.source)
-    (tmp_path / "check.py").write_text(EXACT_CHECK)
-    done = subprocess.run(
-        [sys.executable, "check.py", "candidate.py"],
-        cwd=tmp_path,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert_check_passes(draft, EXACT_CHECK, tmp_path)
 
 
 def test_pools_it_cannot_lower_stay_in_pytorch_with_the_reason(generator: TemplateGenerator) -> None:
