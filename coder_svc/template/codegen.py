@@ -24,8 +24,9 @@ from coder_svc.template.triton_ops import HELPERS, expression, literal
 from services.outcomes import Declined
 
 # 2: reductions over few rows split their range across programs; 3: batch, instance and group norms;
-# 4: max and average pools (adaptive ones too, where the windows divide evenly)
-VERSION = "template-4"
+# 4: max and average pools (adaptive ones too, where the windows divide evenly); 5: loss functionals
+# (kl_div, smooth_l1, huber, mse, l1) as their pointwise loss and reduction
+VERSION = "template-5"
 TILE = 2048  # elements per 2D reduction tile
 INT32_LIMIT = 2**31 - 2**22  # beyond this many elements, offsets are computed in 64 bits
 TORCH_DTYPES = {

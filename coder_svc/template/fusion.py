@@ -21,6 +21,7 @@ from coder_svc.template.lowering import (
     Reduce,
     Softmax,
     Unsupported,
+    decompose_losses,
     lower,
 )
 from coder_svc.template.triton_ops import supports
@@ -86,6 +87,7 @@ def _is_inplace(node: Node) -> bool:
 
 
 def plan(graph: Graph) -> Plan:
+    graph = decompose_losses(graph)
     nodes = graph.by_name()
     order = {n.name: i for i, n in enumerate(graph.nodes)}
     lowered = {n.name: lower(n, nodes) for n in graph.nodes}

@@ -1,6 +1,7 @@
 """What each fx node means to the generator: a pointwise op, a reduction, a softmax, a
 normalisation, a pool, an alias, or something PyTorch keeps doing (None, or Unsupported with the
-reason when the generator knows the op but not this use of it).
+reason when the generator knows the op but not this use of it). A reduced loss functional is first
+rewritten into its pointwise loss and PyTorch's reduction of it (``decompose_losses``).
 
 Functions, methods and ``torch.nn`` activation modules all map onto one small vocabulary, so the
 fusion and code generation never look at fx targets again.
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from coder_svc.template.graph import Node, NodeRef, TupleConst
+from coder_svc.template.graph import Graph, Node, NodeRef, TensorMeta, TupleConst
 
 Operand = str | float | int | bool
 """A node name (a tensor value) or a Python scalar."""
@@ -143,6 +144,11 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "Dropout2d": ("identity", ()),
     "Dropout3d": ("identity", ()),
     "AlphaDropout": ("identity", ()),
+    "KLDivLoss": ("kl_div", ("reduction", "log_target")),
+    "SmoothL1Loss": ("smooth_l1_loss", ("reduction", "beta")),
+    "HuberLoss": ("huber_loss", ("reduction", "delta")),
+    "MSELoss": ("mse_loss", ("reduction",)),
+    "L1Loss": ("l1_loss", ("reduction",)),
 }
 
 
@@ -417,6 +423,129 @@ def _pool(family: str, dims: int, call: _Call, node: Node, graph: dict[str, Node
     return Pool(family, source.node, dims, kernel, stride, padding, dilation, flags[0], flags[1], divisor)
 
 
+# loss functionals (torch.nn.functional's) -> their parameters after (input, target), with defaults
+LOSSES: dict[str, tuple[tuple[str, Any], ...]] = {
+    "kl_div": (("size_average", None), ("reduce", None), ("reduction", "mean"), ("log_target", False)),
+    "smooth_l1_loss": (("size_average", None), ("reduce", None), ("reduction", "mean"), ("beta", 1.0)),
+    "huber_loss": (("reduction", "mean"), ("delta", 1.0), ("weight", None)),
+    "mse_loss": (("size_average", None), ("reduce", None), ("reduction", "mean"), ("weight", None)),
+    "l1_loss": (("size_average", None), ("reduce", None), ("reduction", "mean"), ("weight", None)),
+}
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss functional as PyTorch computes it: a pointwise loss over (input, target), then its reduction."""
+
+    pointwise: Elementwise
+    reduction: str  # none, sum, mean or batchmean (kl_div's: the sum over input.size(0))
+
+
+def loss_of(node: Node, graph: dict[str, Node]) -> Loss | Unsupported | None:
+    """A loss functional or module node as a Loss, Unsupported with the reason, or None if it is no loss."""
+    call = _call_of(node)
+    if call is None or call.name not in LOSSES or node.op == "call_method":
+        return None
+    if node.op == "call_function" and not node.target.startswith("torch.nn.functional."):
+        return None  # torch.kl_div and friends take ATen's integer reduction enum
+    if node.op == "call_module":
+        assert node.module is not None
+        missing = [key for key in MODULES[node.module.cls.rsplit(".", 1)[1]][1] if key not in node.module.attrs]
+        if missing:  # a default standing in for an unreadable parameter would be wrong
+            return Unsupported(f"its {missing[0]} is not a constant the trace could read")
+    p = {key: _plain(call.get(i + 2, key, default)) for i, (key, default) in enumerate(LOSSES[call.name])}
+    if p.get("size_average") is not None or p.get("reduce") is not None:
+        return Unsupported("it uses the deprecated size_average or reduce arguments")
+    if p.get("weight") is not None:
+        return Unsupported("it weighs the elements (weight), which the generator does not")
+    allowed = ("none", "mean", "sum", "batchmean") if call.name == "kl_div" else ("none", "mean", "sum")
+    if p["reduction"] not in allowed:
+        return Unsupported(f"reduction={p['reduction']!r} is not one of {', '.join(allowed)}")
+    operands = [call.positional[0], call.get(1, "target")]
+    metas = [graph[o.node].tensor if isinstance(o, NodeRef) and o.node in graph else None for o in operands]
+    if any(m is None for m in metas):
+        return None
+    x, t = (o.node for o in operands)
+    shapes = [tuple(m.shape) for m in metas if m is not None]
+    if any(m.dtype not in FLOAT_DTYPES for m in metas if m is not None):
+        return Unsupported("its input and target are not both float32, float16 or bfloat16 tensors")
+    if shapes[0] != shapes[1]:
+        return Unsupported(
+            f"its input {shapes[0]} and target {shapes[1]} differ in shape: "
+            "PyTorch broadcasts them (with a warning), the generator does not"
+        )
+    fn = call.name
+    attrs: tuple[tuple[str, Any], ...] = ()
+    if fn == "kl_div":
+        if not isinstance(p["log_target"], bool):
+            return Unsupported("its log_target is not a constant bool")
+        attrs = (("log_target", p["log_target"]),)
+    elif fn in ("smooth_l1_loss", "huber_loss"):
+        key = "beta" if fn == "smooth_l1_loss" else "delta"
+        value = p[key]
+        if not _scalar(value) or value < 0 or (value == 0 and key == "delta"):  # PyTorch rejects these too
+            return Unsupported(f"its {key} is not a constant {'>= 0' if key == 'beta' else '> 0'}")
+        if value == 0:  # PyTorch's own smooth_l1_loss with beta=0 is l1_loss
+            fn = "l1_loss"
+        else:
+            attrs = ((key, float(value)),)
+    return Loss(Elementwise(fn, (x, t), attrs), p["reduction"])
+
+
+def decompose_losses(graph: Graph) -> Graph:
+    """Each reduced loss becomes what PyTorch computes: its pointwise loss (``reduction='none'``), then
+    ``torch.sum`` or ``torch.mean`` of it; batchmean (the sum over input.size(0), the plain sum of a 0-d
+    input) the mean of its per-sample sums, so the divisor is the run-time batch size. Each new node is
+    a real PyTorch call under a fresh name, the last one under the loss's own, so any of them left to
+    PyTorch is still written correctly."""
+    nodes = graph.by_name()
+    taken = set(nodes)
+
+    def fresh(base: str) -> str:
+        while base in taken:
+            base += "_"
+        taken.add(base)
+        return base
+
+    out: list[Node] = []
+    for node in graph.nodes:
+        loss = loss_of(node, nodes)
+        if not isinstance(loss, Loss) or loss.reduction == "none" or node.tensor is None:
+            out.append(node)
+            continue
+        x, t = loss.pointwise.operands
+        meta = nodes[str(x)].tensor
+        assert meta is not None, "loss_of lowers only tensors with a traced shape"
+        shape, dtype = list(meta.shape), node.tensor.dtype
+        rank = len(shape)
+        steps: list[tuple[str, list[int] | None]] = [(loss.reduction, None)]
+        if loss.reduction == "batchmean":  # a 1-d input's is its mean, a 0-d one's its sum
+            per_sample = [("sum", list(range(1, rank)))] if rank > 1 else []
+            steps = [("sum", None)] if rank == 0 else [*per_sample, ("mean", None)]
+        source = Node(
+            name=fresh(f"{node.name}_pointwise"),
+            op="call_function",
+            target=f"torch.nn.functional.{loss.pointwise.fn}",
+            args=[NodeRef(node=str(x)), NodeRef(node=str(t))],
+            kwargs={"reduction": "none", **dict(loss.pointwise.attrs)},
+            meta=TensorMeta(shape=shape, dtype=dtype),
+        )
+        out.append(source)
+        for k, (kind, dims) in enumerate(steps):
+            last = k == len(steps) - 1
+            out.append(
+                Node(
+                    name=node.name if last else fresh(f"{node.name}_rows"),
+                    op="call_function",
+                    target=f"torch.{kind}",
+                    args=[NodeRef(node=out[-1].name)],
+                    kwargs={} if dims is None else {"dim": dims},
+                    meta=node.tensor if last else TensorMeta(shape=shape[:1], dtype=dtype),
+                )
+            )
+    return Graph(nodes=out, traced_on=graph.traced_on)
+
+
 def lower(node: Node, graph: dict[str, Node]) -> Lowered:
     if node.op == "call_module" and node.module and node.module.cls in NORM_MODULES:
         return _norm(node, graph)
@@ -483,6 +612,11 @@ def lower(node: Node, graph: dict[str, Node]) -> Lowered:
         return _binary(name, call)
     if name in REDUCTIONS:
         return _reduction(name, call, node, graph)
+    if name in LOSSES:  # a reduced loss was decomposed (decompose_losses): its pointwise part is lowered here
+        loss = loss_of(node, graph)
+        if isinstance(loss, Loss):
+            return loss.pointwise if loss.reduction == "none" else None
+        return loss
     pool = POOL_FUNCTION.fullmatch(name)
     if pool:
         return _pool(pool[1], int(pool[2]), call, node, graph)

@@ -29,6 +29,18 @@ def _kz_mul(a, b):
     return a * b
 
 
+@triton.jit
+def _kz_smooth_l1(d, beta):
+    z = tl.abs(d)
+    return tl.where(z < beta, 0.5 * z * z / beta, z - 0.5 * beta)
+
+
+@triton.jit
+def _kz_huber(d, delta):
+    z = tl.abs(d)
+    return tl.where(z < delta, 0.5 * z * z, delta * (z - 0.5 * delta))
+
+
 def _kz_split(R, BLOCK_R, programs):
     # Programs per row's reduced range, and the share each takes (whole tiles): rows too few to
     # fill the GPU (a whole-tensor mean is one) share their range, up to about 1024 programs in
@@ -140,6 +152,18 @@ UNARY: dict[str, Callable[[str, dict[str, Any]], str]] = {
     ),
 }
 
+# loss functionals' pointwise parts (reduction='none') over (input, target), ATen's formulas; kl_div's
+# xlogy(t, t) is 0 where t == 0 and t * log(t) elsewhere (NaN for a NaN or negative t, as in PyTorch)
+LOSSES: dict[str, Callable[[str, str, dict[str, Any]], str]] = {
+    "mse_loss": lambda x, t, a: f"(({x} - {t}) * ({x} - {t}))",
+    "l1_loss": lambda x, t, a: f"tl.abs({x} - {t})",
+    "smooth_l1_loss": lambda x, t, a: f"_kz_smooth_l1({x} - {t}, {literal(a['beta'])})",
+    "huber_loss": lambda x, t, a: f"_kz_huber({x} - {t}, {literal(a['delta'])})",
+    "kl_div": lambda x, t, a: (
+        f"(tl.exp({t}) * ({t} - {x}))" if a["log_target"] else f"(tl.where({t} == 0.0, 0.0, {t} * tl.log({t})) - {t} * {x})"
+    ),
+}
+
 BINARY_INFIX = {
     "add": "+",
     "sub": "-",
@@ -164,6 +188,8 @@ def expression(fn: str, args: list[str], attrs: dict[str, Any], scalars: list[An
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
     if fn == "pow":
         return _pow(args, attrs, scalars)
+    if fn in LOSSES:
+        return LOSSES[fn](args[0], args[1], attrs)
     a, b = args
     if fn in ("add", "sub", "rsub") and "alpha" in attrs:
         b = f"({literal(attrs['alpha'])} * {b})" if fn != "rsub" else b
@@ -180,4 +206,9 @@ def expression(fn: str, args: list[str], attrs: dict[str, Any], scalars: list[An
 
 
 def supports(fn: str) -> bool:
-    return fn in UNARY or fn in BINARY_INFIX or fn in ("clamp", "where", "pow", "rsub", "maximum", "minimum", "fmax", "fmin")
+    return (
+        fn in UNARY
+        or fn in BINARY_INFIX
+        or fn in LOSSES
+        or fn in ("clamp", "where", "pow", "rsub", "maximum", "minimum", "fmax", "fmin")
+    )
