@@ -4,21 +4,16 @@ PyTorch's reduction of it, so the reward's work-share rule sees the kernels, not
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
-from services.config import Settings
 from services.llm.chat import Sampling
 from services.schemas.reward import ScoreOptions
+from template_cases import HEADER, assert_check_passes
 
-HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 LOSS_OPS = ("kl_div", "smooth_l1_loss", "huber_loss", "mse_loss", "l1_loss", "Loss")
 
 # targets with exact zeros (kl_div's xlogy is 0 there), differences on both sides of beta and delta
@@ -85,11 +80,6 @@ def losses_in_pytorch(details: dict) -> list[str]:
     return [op for op in details["pytorch_ops"] if op.endswith(LOSS_OPS)]
 
 
-@pytest.fixture
-def generator(kz_env: Callable[..., Settings]) -> TemplateGenerator:
-    return TemplateGenerator(kz_env())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_loss_kernels_are_correct_and_do_the_work(case: str, generator: TemplateGenerator, evaluator: Evaluator) -> None:
@@ -142,17 +132,7 @@ def test_kl_div_follows_xlogy_on_zero_negative_and_nan_targets(generator: Templa
     )
     draft = generator.generate(source, "triton", Sampling())[0]
     assert draft.source and not losses_in_pytorch(draft.details), (draft.declined, draft.details)
-    (tmp_path / "candidate.py").write_text(draft.source)
-    (tmp_path / "check.py").write_text(EDGE_CHECK)
-    done = subprocess.run(
-        [sys.executable, "check.py", "candidate.py"],
-        cwd=tmp_path,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    assert_check_passes(draft, EDGE_CHECK, tmp_path)
 
 
 def test_losses_it_cannot_lower_stay_in_pytorch_with_the_reason(generator: TemplateGenerator) -> None:
