@@ -6,9 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from coder_svc.drafts import KernelDraft
+from coder_svc.template import TemplateGenerator
+from reward_svc.evaluate import Evaluator
+from services.llm.chat import Sampling
+from services.schemas.reward import ScoreOptions
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 
@@ -51,3 +57,17 @@ def assert_check_passes(draft: KernelDraft, check: str, workdir: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def assert_writes_correct_kernels(
+    generator: TemplateGenerator, evaluator: Evaluator, reference: str, left_to_pytorch: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    """The template's draft for ``reference`` is scored correct on CPU, and none of the ops
+    ``left_to_pytorch`` picks from its details' PyTorch ops (the family under test) stayed PyTorch's."""
+    draft = generator.generate(reference, "triton", Sampling())[0]
+    assert draft.declined is None and draft.source, draft.declined
+    assert not left_to_pytorch(draft.details) and not draft.details["unsupported"], draft.details
+    verdict = evaluator.evaluate_group(
+        reference, [draft.source], ScoreOptions(backend="triton", device="cpu", timeout_s=300)
+    ).verdicts[0]
+    assert verdict.status == "correct", f"{verdict.status}: {verdict.reason}\n{draft.details}"

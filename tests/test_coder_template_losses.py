@@ -11,8 +11,7 @@ import pytest
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
 from services.llm.chat import Sampling
-from services.schemas.reward import ScoreOptions
-from template_cases import HEADER, assert_check_passes
+from template_cases import HEADER, assert_check_passes, assert_writes_correct_kernels
 
 LOSS_OPS = ("kl_div", "smooth_l1_loss", "huber_loss", "mse_loss", "l1_loss", "Loss")
 
@@ -83,14 +82,7 @@ def losses_in_pytorch(details: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_loss_kernels_are_correct_and_do_the_work(case: str, generator: TemplateGenerator, evaluator: Evaluator) -> None:
-    reference = CASES[case]
-    draft = generator.generate(reference, "triton", Sampling())[0]
-    assert draft.declined is None and draft.source, draft.declined
-    assert not losses_in_pytorch(draft.details) and not draft.details["unsupported"], draft.details
-    verdict = evaluator.evaluate_group(
-        reference, [draft.source], ScoreOptions(backend="triton", device="cpu", timeout_s=300)
-    ).verdicts[0]
-    assert verdict.status == "correct", f"{verdict.status}: {verdict.reason}\n{draft.details}"
+    assert_writes_correct_kernels(generator, evaluator, CASES[case], losses_in_pytorch)
 
 
 def test_98_is_the_row_sums_then_their_mean(generator: TemplateGenerator) -> None:

@@ -11,8 +11,7 @@ import pytest
 from coder_svc.template import TemplateGenerator
 from reward_svc.evaluate import Evaluator
 from services.llm.chat import Sampling
-from services.schemas.reward import ScoreOptions
-from template_cases import assert_check_passes, problem
+from template_cases import assert_check_passes, assert_writes_correct_kernels, problem
 
 CASES = {
     "78_convtranspose3d_max_max_sum": problem(
@@ -69,14 +68,7 @@ def pools_in_pytorch(details: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pool_kernels_are_correct_and_do_the_work(case: str, generator: TemplateGenerator, evaluator: Evaluator) -> None:
-    reference = CASES[case]
-    draft = generator.generate(reference, "triton", Sampling())[0]
-    assert draft.declined is None and draft.source, draft.declined
-    assert not pools_in_pytorch(draft.details) and not draft.details["unsupported"], draft.details
-    verdict = evaluator.evaluate_group(
-        reference, [draft.source], ScoreOptions(backend="triton", device="cpu", timeout_s=300)
-    ).verdicts[0]
-    assert verdict.status == "correct", f"{verdict.status}: {verdict.reason}\n{draft.details}"
+    assert_writes_correct_kernels(generator, evaluator, CASES[case], pools_in_pytorch)
 
 
 def test_78_is_three_kernels_after_the_convolution(generator: TemplateGenerator) -> None:
