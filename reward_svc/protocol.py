@@ -68,8 +68,9 @@ class ReferenceResult(TypedDict, total=False):
     copying_per_case: list[list[str]]  # per case: its ops that acted as a copy on its values
     work_per_case: list[Work]
     distributions: list[str]  # per case: the hidden distribution its inputs were drawn from
-    # other inputs gave the same output, bit for bit, on every case that shares a weight seed with an
-    # earlier one: the task cannot tell a kernel that computes its answer from one that remembers it
+    # other inputs gave the same output, bit for bit: every case that shares a weight seed with an earlier
+    # one, and a fresh draw of get_inputs()' own against case 0: the task cannot tell a kernel that
+    # computes its answer from one that remembers it
     input_independent: bool
     outputs: list[dict[str, Any]]
     phases: dict[str, float]

@@ -126,10 +126,6 @@ def _is_compile_error(exc: BaseException) -> bool:
     ) or "Error building extension" in str(exc)
 
 
-def _out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 def _failure(exc: BaseException, during: str, observations: Observations | None = None) -> CandidateResult:
     result: CandidateResult = {} if observations is None else {"observations": observations}
     try:  # the candidate's exception: its __str__ is its code, and may raise
@@ -142,7 +138,7 @@ def _failure(exc: BaseException, during: str, observations: Observations | None 
         result.update({"status": "unverified", "reason": f"not checked here: {exc}"[:2000], "traceback": tail})
     elif _is_compile_error(exc):
         result.update({"status": "compile_error", "reason": f"compile error {during}: {exc}"[:2000], "traceback": tail})
-    elif _out_of_memory(exc):
+    elif isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
         result.update({"status": "runtime_error", "reason": f"out of memory {during}", "traceback": tail, "out_of_memory": True})
     else:
         result.update({"status": "runtime_error", "reason": f"{type(exc).__name__} {during}: {exc}"[:2000], "traceback": tail})
@@ -563,8 +559,8 @@ def _knockout_trial(
             out = model(*args)
             _settle(spec["device"])
     except Exception as exc:  # the candidate's own error on poisoned values
-        if _out_of_memory(exc):  # device memory other children held: the worker runs it again, never evasion
-            raise
+        if isinstance(exc, torch.OutOfMemoryError):  # the allocator's own (a message is the candidate's to write):
+            raise  # device memory other children held, the worker runs it again; never evasion
         raised = f"{type(exc).__name__}: {exc}"[:300]
         if exc is recorder.op_error and counter.failures.total() == failed_launches:  # an op's, not a launch's: refused
             seen["refused"] = raised
