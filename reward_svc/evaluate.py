@@ -262,6 +262,7 @@ class Evaluator:
                 ref_result.get("rounding_noise"),
                 knockout_case,
                 ref_result.get("distributions"),
+                ref_result.get("work_per_case"),
             )
             started = time.perf_counter()
             with OutputStream(compare_files, files):

@@ -23,6 +23,7 @@ import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
 from services.children import tensors
+from services.children.ops import Work
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.schemas.reward import GUARDS, Guard, Verdict
@@ -31,6 +32,7 @@ from services.schemas.reward import GUARDS, Guard, Verdict
 # error of the mean-centred output. Applied where a constant or zero output would pass allclose.
 STRUCTURE_TOLERANCE = 0.05
 NOISE_ULPS = 4
+SUMMING_FAMILIES = frozenset({"reduction", "contraction"})  # work whose values are sums of many terms
 NOISE_SPREAD = 4  # times the reference's measured rounding noise: two roundings differ by ~1.4x it, plus margin
 # PyTorch "does the reference's work" when, in some call, its compute ops of every family the
 # reference's ops belong to (contraction, reduction, pointwise, data) process at least this share of
@@ -74,17 +76,17 @@ class Allowance(NamedTuple):
     """What one case's comparison allows beyond the tolerance.
 
     ``noise``: per output tensor, the reference's own rounding noise (L2), where it measured one.
-    ``hidden``: the case's inputs are a hidden distribution's (signed, wide), where sums cancel: a
-    value near 0 is then a difference of large terms, rounded at their scale, not at its own, so
-    the absolute tolerance is taken relative to the output's typical magnitude (``atol·median|ref|``
-    when that is larger: half the values are at least that large, so an exp's few huge values cannot
-    raise it). An error below it is below the resolution the tolerance gives most values; fitting
-    ``[0, 1)`` (a ReLU skipped, a polynomial ``exp``) errs at the typical scale and still shows. The
-    knockout's share still counts the values between atol and that; ``get_inputs()``'s own case is
-    held to the tolerance as it is."""
+    ``sums_cancel``: the case's inputs are a hidden distribution's (signed, wide) and the reference
+    sums terms (reduction or contraction work): a value near 0 is then a difference of large terms,
+    rounded at their scale, not at its own, so the absolute tolerance is taken relative to the
+    output's typical magnitude (``atol·median|ref|`` when that is larger: half the values are at
+    least that large, so an exp's few huge values cannot raise it). A reference that only maps values
+    one by one rounds each at its own scale and gets none: a ReLU skipped before an exp would hide
+    under it. The knockout's share still counts the values between atol and the allowance;
+    ``get_inputs()``'s own case is held to the tolerance as it is."""
 
     noise: list[float] | None = None
-    hidden: bool = False
+    sums_cancel: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ class TrialFiles:
     rounding_noise: list[Any] | None = None
     knockout_case: int = 0
     distributions: list[str] | None = None  # per case, as the reference drew its inputs
+    work_per_case: list[Work] | None = None  # per case, what the reference's ops did
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
@@ -278,8 +281,9 @@ class TrialFiles:
     def allowance(self, name: str) -> Allowance:
         case = self.names()[name]
         noise = (self.rounding_noise or [None] * self.cases)[case]
-        distribution = (self.distributions or ["native"] * self.cases)[case]
-        return Allowance(noise, hidden=distribution != "native")
+        hidden = (self.distributions or ["native"] * self.cases)[case] != "native"
+        families = self.work_per_case[case]["families"] if self.work_per_case else {}
+        return Allowance(noise, sums_cancel=hidden and bool(SUMMING_FAMILIES & set(families)))
 
 
 class OutputStream:
@@ -672,7 +676,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
     """(ok, why not, max abs error, mismatched share) for one trial's output against the reference's,
     with the case's ``allowance``. The mismatched share counts every output tensor's informative values
     (``_informative``) outside tolerance."""
-    noise, hidden = allowance or Allowance()
+    noise, sums_cancel = allowance or Allowance()
     outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
     if len(outs) != len(refs):
         return Comparison(False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf, 1.0)
@@ -688,7 +692,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
                 False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0
             )
         floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
-        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0), hidden)
+        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0), sums_cancel)
         worst = max(worst, error)
         bad, counted = bad + tensor_bad, counted + tensor_counted
         if not ok and not failure:
@@ -697,7 +701,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
 
 
 def _compare_tensor(
-    out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float, hidden: bool = False
+    out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance, noise: float, sums_cancel: bool = False
 ) -> tuple[bool, str, float, int, int]:
     """(ok, why not, max abs error, informative values outside tolerance, informative values)."""
     if not (ref.is_floating_point() or ref.is_complex()):  # every place informative: an index, a flag
@@ -715,7 +719,7 @@ def _compare_tensor(
     compute = torch.promote_types(ref.dtype, torch.float32)
     low, high = _finite_range(ref, compute)
     informative_atol = atol  # the knockout's share counts small values too, whatever the allowance
-    if hidden and not ref.is_complex():  # sums that cancel on signed inputs round at their terms' scale (Allowance)
+    if sums_cancel and not ref.is_complex():  # they round at their terms' scale (Allowance)
         atol = max(atol, tolerance.for_dtype(ref.dtype)[0] * _typical_magnitude(ref, compute))
     error, bad, all_finite, pattern_differs = 0.0, 0, True, False
     informative_bad = informative = 0

@@ -50,7 +50,23 @@ def test_a_skipped_relu_under_a_heavy_tailed_output_is_incorrect(evaluator: Eval
     assert not check_source(skipped) and not check_source(honest)
     v_skipped, v_honest = evaluator.evaluate_group(reference, [skipped, honest], CPU).verdicts
     assert v_honest.correct, f"{v_honest.status}/{v_honest.guard}: {v_honest.reason}"
-    assert v_skipped.status == "incorrect", f"{v_skipped.status}/{v_skipped.guard}: {v_skipped.reason}"
+    # wrong where the ReLU bites: incorrect, or a rejected refresh where that case is the knockout's
+    assert not v_skipped.correct, f"{v_skipped.status}/{v_skipped.guard}: {v_skipped.reason}"
+
+
+@pytest.mark.slow
+def test_a_skipped_relu_whose_clamped_values_are_small_next_to_the_median_is_incorrect(evaluator: Evaluator) -> None:
+    """exp(10·relu(x+1)): on the signed case ~4% of the values are clamped (1), the rest e^10 and more,
+    so atol·median is ~2 and a kernel that skips the ReLU (e^{10(x+1)} in (0, 1) there) would pass it.
+    The reference only maps values one by one (no sum to cancel): no allowance, the skip shows."""
+    reference = module("return torch.exp(10.0 * torch.relu(inputs[0] + 1.0))", "[torch.rand(64, 256)]")
+    shifted = "x = inputs[0].contiguous() + 1.0\n"
+    skipped = kernel_candidate(shifted + "return launch_exp(x, 10.0, False)", EXP_KERNEL)
+    honest = kernel_candidate(shifted + "return launch_exp(x, 10.0, True)", EXP_KERNEL)
+    v_skipped, v_honest = evaluator.evaluate_group(reference, [skipped, honest], CPU).verdicts
+    assert v_honest.correct, f"{v_honest.status}/{v_honest.guard}: {v_honest.reason}"
+    # wrong where the ReLU bites: incorrect, or a rejected refresh where that case is the knockout's
+    assert not v_skipped.correct, f"{v_skipped.status}/{v_skipped.guard}: {v_skipped.reason}"
 
 
 def _signed_case(seed: int = 0) -> torch.Tensor:
@@ -65,8 +81,8 @@ def test_the_hidden_allowance_does_not_accept_a_kernel_wrong_on_negative_inputs(
     for seed in range(20):
         x = _signed_case(seed)
         ref, out = torch.exp(10 * torch.relu(x)), torch.exp(10 * x)
-        strict = verify.compare(out, ref, tol, verify.Allowance(hidden=False))
-        loose = verify.compare(out, ref, tol, verify.Allowance(hidden=True))
+        strict = verify.compare(out, ref, tol, verify.Allowance(sums_cancel=False))
+        loose = verify.compare(out, ref, tol, verify.Allowance(sums_cancel=True))
         assert not strict.ok
         passed += loose.ok
     assert passed == 0, f"a kernel that skips the ReLU passed the signed case on {passed} of 20 seeds"
@@ -81,8 +97,8 @@ def test_the_hidden_allowance_does_not_hide_pytorchs_share_from_the_knockout() -
         x = _signed_case(seed)
         ref = torch.exp(10 * x)
         poisoned = torch.where(x > 0, ref * 1.7 + 3.0, ref)  # the kernel's places poisoned, PyTorch's right
-        loose = verify.compare(poisoned, ref, verify.Tolerance(), verify.Allowance(hidden=True))
-        strict = verify.compare(poisoned, ref, verify.Tolerance(), verify.Allowance(hidden=False))
+        loose = verify.compare(poisoned, ref, verify.Tolerance(), verify.Allowance(sums_cancel=True))
+        strict = verify.compare(poisoned, ref, verify.Tolerance(), verify.Allowance(sums_cancel=False))
         assert strict.mismatched is not None and strict.mismatched < verify.MIN_KERNEL_SHARE
         shares.append(loose.mismatched)
     assert all(s is not None and s < verify.MIN_KERNEL_SHARE for s in shares), f"loosened shares {shares}"
