@@ -228,7 +228,7 @@ class Evaluator:
         ref_dir: Path,
         tolerance: Any,
     ) -> Verdict:
-        from reward_svc.verify import FileComparer, OutputStream, TrialFiles, judge
+        from reward_svc.verify import FileComparer, OutputStream, TrialFiles, case_allowances, judge
 
         try:
             cached = self.builds.lookup(source)
@@ -255,15 +255,7 @@ class Evaluator:
                 "copies_are_work": copies_are_work,
             }
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
-            files = TrialFiles(
-                child.workdir,
-                ref_dir,
-                ref_result["cases"],
-                ref_result.get("rounding_noise"),
-                knockout_case,
-                ref_result.get("distributions"),
-                ref_result.get("work_per_case"),
-            )
+            files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
             started = time.perf_counter()
             with OutputStream(compare_files, files):
                 outcome, answer = child.run(spec)

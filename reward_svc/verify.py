@@ -23,7 +23,6 @@ import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
 from services.children import tensors
-from services.children.ops import Work
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.schemas.reward import GUARDS, Guard, Verdict
@@ -258,10 +257,8 @@ class TrialFiles:
     cand_dir: Path
     ref_dir: Path
     cases: int
-    rounding_noise: list[Any] | None = None
+    allowances: list[Allowance] | None = None  # per case (``case_allowances``)
     knockout_case: int = 0
-    distributions: list[str] | None = None  # per case, as the reference drew its inputs
-    work_per_case: list[Work] | None = None  # per case, what the reference's ops did
 
     def names(self) -> dict[str, int]:
         """Output name → its case (the timed calls' check runs on one case, named in its file)."""
@@ -279,11 +276,18 @@ class TrialFiles:
         return self.ref_dir / f"expected_{self.names()[name]}.pt"
 
     def allowance(self, name: str) -> Allowance:
-        case = self.names()[name]
-        noise = (self.rounding_noise or [None] * self.cases)[case]
-        hidden = (self.distributions or ["native"] * self.cases)[case] != "native"
-        families = self.work_per_case[case]["families"] if self.work_per_case else {}
-        return Allowance(noise, sums_cancel=hidden and bool(SUMMING_FAMILIES & set(families)))
+        return self.allowances[self.names()[name]] if self.allowances else Allowance()
+
+
+def case_allowances(ref_result: ReferenceResult) -> list[Allowance]:
+    """Per case, what its comparison allows beyond the tolerance (``Allowance``), from what the
+    reference measured and did there."""
+    cases = ref_result["cases"]
+    noise = ref_result.get("rounding_noise") or [None] * cases
+    distributions = ref_result.get("distributions") or ["native"] * cases
+    families = [set(work["families"]) for work in ref_result.get("work_per_case") or []]
+    sums = [bool(SUMMING_FAMILIES & families[case]) if case < len(families) else False for case in range(cases)]
+    return [Allowance(noise[case], sums_cancel=distributions[case] != "native" and sums[case]) for case in range(cases)]
 
 
 class OutputStream:
