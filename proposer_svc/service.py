@@ -17,7 +17,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from services.config import Settings, get_settings
 from services.db.models import Job, Task
 from services.db.session import session_scope
 from services.db.tasks import source_sha256
+from services.llm.chat import Message, Sampling
 from services.outcomes import Declined
 from services.queue.jobs import submit_job
 from services.queue.names import PROPOSAL, PROPOSE_TASK
@@ -55,6 +56,7 @@ from services.schemas.proposer import (
     ProposalOut,
     ProposeRequest,
     ProposeSummary,
+    SampledReply,
     TaskOut,
     TaskPage,
 )
@@ -219,27 +221,104 @@ def store_task(module: ProposedModule, verdict: ValidationResult, request: Propo
     return ProposalOut(task_id=task.id, status=task.status, reason=verdict.reason, rule=verdict.rule, api_set=module.api_set)
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """A composed module on its way to validation, with where it came from in a sampled group."""
+
+    module: ProposedModule
+    group: int | None = None
+    reply: SampledReply | None = None
+
+    def outcome(self, proposal: ProposalOut) -> ProposalOut:
+        return proposal.model_copy(update={"group": self.group, "reply": self.reply})
+
+
+def sample_groups(
+    composer: Composer,
+    stats: ApiStats,
+    request: ProposeRequest,
+    settings: Settings,
+    rng: random.Random,
+    on_progress: Progress | None = None,
+) -> tuple[list[list[Message]], list[Drafted], list[ProposalOut]]:
+    """Proposer RL groups: ``count`` sampled API sets, ``group_size`` replies to each one's prompt, every
+    reply kept (a reply without a module is a declined proposal, not retried): the prompts, the modules,
+    the declined."""
+    from proposer_svc.compose.llm import LLMComposer
+
+    if not isinstance(composer, LLMComposer):
+        raise ComposerUnavailable("sampled groups (group_size > 1) need the llm composer")
+    failure_rates = api_failure_rates(task_pass_rates()) if settings.proposer_failure_bias > 0 else None
+    size = request.api_set_size or settings.proposer_api_set_size
+    sampling = Sampling(
+        n=request.group_size,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0,  # the policy the trainer's loss assumes
+        max_tokens=request.max_tokens or composer.sampling.max_tokens,
+        logprobs=True,
+    )
+    prompts: list[list[Message]] = []
+    drafted: list[Drafted] = []
+    declined: list[ProposalOut] = []
+    for index in range(request.count):
+        api_set = sample_api_set(
+            stats,
+            CATALOG,
+            size,
+            rng,
+            temperature=settings.proposer_sample_temperature,
+            failure_rates=failure_rates,
+            failure_bias=settings.proposer_failure_bias,
+        )
+        hints = ProposalHints(difficulty=request.difficulty, max_ops=request.max_ops, seed=rng.randrange(2**31))
+        messages, group = composer.sample_group(api_set, hints, sampling)
+        prompts.append(messages)
+        for sample in group:
+            drawn = sample.completion
+            reply = SampledReply(text=drawn.text, model_version=drawn.model_version, tokens=drawn.tokens)
+            if sample.module is not None:
+                drafted.append(Drafted(sample.module, index, reply))
+            else:
+                declined.append(
+                    ProposalOut(status="declined", reason=sample.declined or "", api_set=list(api_set), group=index, reply=reply)
+                )
+        if on_progress:
+            on_progress("compose", index + 1, request.count)
+    return prompts, drafted, declined
+
+
 def propose(
     request: ProposeRequest, settings: Settings | None = None, parallel: int = 1, on_progress: Progress | None = None
 ) -> ProposeSummary:
-    """One proposal round: sample, compose, validate in the sandbox, store every outcome."""
+    """One proposal round: sample, compose, validate in the sandbox, store every outcome. In sampled
+    groups (``group_size`` > 1) a module repeated within the round shares its first copy's outcome."""
     settings = settings or get_settings()
     started = time.monotonic()
     rng = random.Random(request.seed)
     stats, corpus = sampling_stats(settings)
     composer = build_composer(request.backend or settings.proposer_composer, settings)
-    modules, proposals = compose_modules(composer, stats, request, settings, rng, on_progress)
+    prompts: list[list[Message]] = []
+    if request.group_size > 1:
+        prompts, drafted, proposals = sample_groups(composer, stats, request, settings, rng, on_progress)
+    else:
+        modules, proposals = compose_modules(composer, stats, request, settings, rng, on_progress)
+        drafted = [Drafted(m) for m in modules]
 
     with session_scope() as session:
-        hashes = [source_sha256(m.source) for m in modules]
+        hashes = [source_sha256(d.module.source) for d in drafted]
         stored = set(session.scalars(select(Task.source_hash).where(Task.source_hash.in_(hashes))))
-    fresh: list[ProposedModule] = []
-    for module, digest in zip(modules, hashes):
-        if digest in stored:
-            proposals.append(ProposalOut(status="exists", reason="this exact source is already a task", api_set=module.api_set))
+    fresh: list[Drafted] = []
+    first: dict[str, int] = {}  # a source's first copy in this round: its index in fresh
+    repeats: list[tuple[Drafted, int]] = []
+    for draft, digest in zip(drafted, hashes):
+        if digest in first and request.group_size > 1:
+            repeats.append((draft, first[digest]))
+        elif digest in stored or digest in first:
+            exists = ProposalOut(status="exists", reason="this exact source is already a task", api_set=draft.module.api_set)
+            proposals.append(draft.outcome(exists))
         else:
-            stored.add(digest)
-            fresh.append(module)
+            first[digest] = len(fresh)
+            fresh.append(draft)
 
     done: list[int] = []
 
@@ -251,9 +330,11 @@ def propose(
     verdicts: list[ValidationResult] = []
     if fresh:
         with Validator(ValidationOptions(device=request.device), settings) as validator:
-            verdicts = validator.validate_many([m.source for m in fresh], known_hashes(), parallel, validated)
-    proposals += [store_task(m, v, request) for m, v in zip(fresh, verdicts)]
-    return summarize(request, proposals, corpus, time.monotonic() - started)
+            verdicts = validator.validate_many([d.module.source for d in fresh], known_hashes(), parallel, validated)
+    outcomes = [d.outcome(store_task(d.module, v, request)) for d, v in zip(fresh, verdicts)]
+    proposals += outcomes + [draft.outcome(outcomes[i]) for draft, i in repeats]
+    summary = summarize(request, proposals, corpus, time.monotonic() - started)
+    return summary.model_copy(update={"prompts": prompts})
 
 
 def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str | None, seconds: float) -> ProposeSummary:
@@ -279,7 +360,10 @@ def submit_propose(request: ProposeRequest) -> Job:
     Without a seed one is drawn here, so a repeated request is a new round rather than the
     idempotent replay of the last one."""
     settings = get_settings()
-    check_composer(request.backend or settings.proposer_composer, settings)
+    composer = request.backend or settings.proposer_composer
+    check_composer(composer, settings)
+    if request.group_size > 1 and composer != "llm":
+        raise ComposerUnavailable(f"sampled groups (group_size > 1) need the llm composer, not the {composer!r} one")
     payload = request.model_dump(exclude={"wait_s"})
     if payload["seed"] is None:
         payload["seed"] = secrets.randbelow(2**31)

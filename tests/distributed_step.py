@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from reward_svc import group_advantages
-from trainer.coder_rl import CoderTrainer
+from trainer.policy import PolicyTrainer
 from trainer.config import CoderRLConfig
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
@@ -39,7 +39,7 @@ def main(model: str, out: str) -> None:
     config = CoderRLConfig(
         model_path=Path(model), lora=None, group_size=GROUP_SIZE, groups_per_step=GROUPS, micro_batch_size=3, bf16=False, seed=0
     )
-    trainer = CoderTrainer(config, total_steps=1)
+    trainer = PolicyTrainer(config, total_steps=1)
     rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
     report = trainer.accumulate(fixed_groups()[rank::world])
     if trainer.accelerator.is_main_process:

@@ -12,7 +12,7 @@ import torch
 
 from reward_svc import group_advantages
 from tiny_lm import build_tiny_lm
-from trainer.coder_rl import OPTIMIZER_FILE, CoderTrainer
+from trainer.policy import OPTIMIZER_FILE, PolicyTrainer
 from trainer.config import CoderRLConfig
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
@@ -21,7 +21,7 @@ GROUP, LENGTH, STEPS = 8, 6, 14
 TARGET = range(10, 60)  # token ids the reward pays for
 
 
-def sample_groups(trainer: CoderTrainer, generator: torch.Generator) -> list[ClaimedGroup]:
+def sample_groups(trainer: PolicyTrainer, generator: torch.Generator) -> list[ClaimedGroup]:
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     groups = []
     for prompt in PROMPTS:
@@ -51,7 +51,7 @@ def test_the_mean_reward_rises_over_a_few_steps(tmp_path: Path) -> None:
         bf16=False,
         seed=0,
     )
-    trainer = CoderTrainer(config, total_steps=STEPS)
+    trainer = PolicyTrainer(config, total_steps=STEPS)
     generator = torch.Generator().manual_seed(0)
     means = []
     for _ in range(STEPS):
@@ -70,13 +70,13 @@ def test_a_round_goes_on_with_the_moments_the_last_version_saved(tmp_path: Path)
     next round's trainer starts from them, at the learning rate its schedule has reached, not afresh."""
     model = build_tiny_lm(tmp_path / "tiny")
     config = CoderRLConfig(model_path=model, group_size=GROUP, groups_per_step=len(PROMPTS), micro_batch_size=8, bf16=False)
-    first = CoderTrainer(config, total_steps=4)
+    first = PolicyTrainer(config, total_steps=4)
     first.step(sample_groups(first, torch.Generator().manual_seed(0)))
     saved = first.optimizer.state_dict()
     version = first.save(tmp_path / "coder-v1")
     assert (version / OPTIMIZER_FILE).is_file() and (version / "adapter_config.json").is_file()
 
-    second = CoderTrainer(config, total_steps=4, resume_from=version, steps_done=1)
+    second = PolicyTrainer(config, total_steps=4, resume_from=version, steps_done=1)
     resumed = second.optimizer.state_dict()
     assert resumed["state"].keys() == saved["state"].keys() and saved["state"]
     for key, state in saved["state"].items():

@@ -33,7 +33,7 @@ from services.schemas.trainer import RunOut
 from tiny_lm import build_replying_lm, build_tiny_lm
 from trainer.config import LoopConfig
 from trainer.loop import claim_key, served_weights
-from trainer.publish import save_version, serve_coder
+from trainer.publish import save_version, serve_version
 from trainer.runs import create_run, get_run, play_round
 
 GROUP = 8
@@ -149,7 +149,17 @@ def test_runs_that_cannot_work_are_refused_and_a_queued_run_cancels(
                 400,
                 "qkv_proj",
             ),
-            "Proposer RL asked for": (loop_config(model, proposer_steps=2), 422, "Proposer RL is not built"),
+            "Proposer steps without its settings": (loop_config(model, proposer_steps=2), 422, "needs the Proposer's settings"),
+            "a Proposer whose model is not there": (
+                loop_config(model, proposer_steps=1, proposer={"model_path": str(tmp_path / "nowhere")}),
+                400,
+                "config.json",
+            ),
+            "Proposer RL on the programmatic composer": (
+                loop_config(model, proposer_steps=1, composer="composer", proposer={"model_path": str(model)}),
+                422,
+                "trains the llm composer",
+            ),
             "a negative staleness": (
                 loop_config(model) | {"coder": {"model_path": str(model), "max_staleness": -1}},
                 422,
@@ -178,7 +188,7 @@ def test_the_command_refuses_a_config_that_cannot_work_in_one_line(tmp_path: Pat
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1 and "config refused" in done.stderr and "Proposer RL is not built" in done.stderr
+    assert done.returncode == 1 and "config refused" in done.stderr and "needs the Proposer's settings" in done.stderr
 
 
 def test_a_run_starts_from_the_weights_the_coder_samples_with(tmp_path: Path) -> None:
@@ -214,7 +224,7 @@ def test_a_round_whose_worker_died_after_publishing_stands(
 
     with serve("coder_svc.api:app", port), CoderClient() as coder:
         version = save_version(weights, store, "coder", origin=claim_key(run_id, 0))  # what the attempt that died wrote
-        served = serve_coder(version, coder.switch_model, base_model=model, adapter=True)  # and switched to
+        served = serve_version(version, coder.switch_model, base_model=model, adapter=True)  # and switched to
         assert play_round(run_id, 0)  # delivered again: the next round follows
         assert not play_round(run_id, 0)  # and a third time: nothing to do
         assert coder.serving_model().id == served.id

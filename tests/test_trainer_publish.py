@@ -15,7 +15,7 @@ from services.db.session import session_scope
 from services.schemas.coder import KernelRequest
 from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig
-from trainer.publish import next_version_name, publish_coder, save_version
+from trainer.publish import next_version_name, publish_version, save_version
 
 
 def _crashing(directory: Path) -> None:
@@ -56,7 +56,7 @@ def test_a_publisher_that_took_the_next_number_meanwhile_is_not_overwritten(tmp_
 
 @pytest.mark.slow  # a coder and a reward service with their workers, a tiny model
 def test_a_published_version_serves_the_next_job(coder_api: str, tmp_path: Path) -> None:
-    from trainer.coder_rl import CoderTrainer
+    from trainer.policy import PolicyTrainer
 
     model_dir = build_tiny_lm(tmp_path / "tiny-lm")
     store = tmp_path / "models"
@@ -71,8 +71,8 @@ def test_a_published_version_serves_the_next_job(coder_api: str, tmp_path: Path)
         }
     )
     with CoderClient(base_url=coder_api) as client:
-        adapter = CoderTrainer(CoderRLConfig(model_path=model_dir, bf16=False))
-        published = publish_coder(adapter.save, store, client.switch_model, base_model=model_dir, adapter=True)
+        adapter = PolicyTrainer(CoderRLConfig(model_path=model_dir, bf16=False))
+        published = publish_version("coder", adapter.save, store, client.switch_model, base_model=model_dir, adapter=True)
         assert published.name == "coder-v1" and published.adapter_path == str(store / "coder-v1")
         assert (store / "coder-v1" / "adapter_config.json").is_file()
         response = client.generate(request)
@@ -80,8 +80,8 @@ def test_a_published_version_serves_the_next_job(coder_api: str, tmp_path: Path)
         assert response.result.model_version_id == published.id
         assert response.result.candidates[0].model == "coder-v1"
 
-        full = CoderTrainer(CoderRLConfig(model_path=model_dir, lora=None, bf16=False))
-        again = publish_coder(full.save, store, client.switch_model, base_model=model_dir, adapter=False)
+        full = PolicyTrainer(CoderRLConfig(model_path=model_dir, lora=None, bf16=False))
+        again = publish_version("coder", full.save, store, client.switch_model, base_model=model_dir, adapter=False)
         assert again.name == "coder-v2" and again.base_model == str(store / "coder-v2") and again.adapter_path is None
         assert (store / "coder-v2" / "config.json").is_file()
         response = client.generate(request.model_copy(update={"sampling": request.sampling.model_copy(update={"seed": 1})}))

@@ -5,8 +5,8 @@ Its face, what other packages may import (loaded on first use: see ``services.fa
 ``record_coder_job`` (a training generation job's candidates as one rollout group), ``record_group``
 and ``Sample`` (write one scored group of samples for training), ``claim_groups``
 (take whole groups once, with the reasons others were dropped), ``CoderRLConfig``/``LoRAConfig``
-and ``load_config`` (a run's typed configuration), ``CoderTrainer`` (one CA-GRPO step on claimed
-groups, and saving what it trained), ``publish_coder`` (a trained version saved and served),
+and ``load_config`` (a run's typed configuration), ``PolicyTrainer`` (one CA-GRPO step on claimed
+groups, and saving what it trained), ``publish_version`` (a trained version saved and served),
 ``LoopConfig`` and ``submit_run`` (a run of the loop, a round per job), ``install_cli`` (``kernelzero train``).
 """
 
@@ -16,23 +16,23 @@ from services.faces import lazy_face
 
 if TYPE_CHECKING:
     from trainer.cli import install_cli
-    from trainer.coder_rl import CoderTrainer
     from trainer.config import CoderRLConfig, LoopConfig, LoRAConfig, load_config
     from trainer.intake import record_coder_job
-    from trainer.publish import publish_coder
+    from trainer.policy import PolicyTrainer
+    from trainer.publish import publish_version
     from trainer.rollouts import Sample, claim_groups, record_group
     from trainer.runs import submit_run
 
 __all__ = [
     "CoderRLConfig",
-    "CoderTrainer",
+    "PolicyTrainer",
     "LoRAConfig",
     "LoopConfig",
     "Sample",
     "claim_groups",
     "install_cli",
     "load_config",
-    "publish_coder",
+    "publish_version",
     "record_coder_job",
     "record_group",
     "submit_run",
@@ -41,14 +41,14 @@ __getattr__ = lazy_face(
     __name__,
     {
         "CoderRLConfig": "trainer.config",
-        "CoderTrainer": "trainer.coder_rl",
+        "PolicyTrainer": "trainer.policy",
         "LoRAConfig": "trainer.config",
         "LoopConfig": "trainer.config",
         "Sample": "trainer.rollouts",
         "claim_groups": "trainer.rollouts",
         "install_cli": "trainer.cli",
         "load_config": "trainer.config",
-        "publish_coder": "trainer.publish",
+        "publish_version": "trainer.publish",
         "record_coder_job": "trainer.intake",
         "record_group": "trainer.rollouts",
         "submit_run": "trainer.runs",

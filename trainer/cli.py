@@ -92,10 +92,11 @@ def cold_start(
         raise typer.Exit(1)
     if publish:
         from services.clients import CoderClient
-        from trainer.publish import publish_coder
+        from trainer.publish import publish_version
 
         with CoderClient() as client:
-            served = publish_coder(
+            served = publish_version(
+                "coder",
                 lambda directory: train(kept, run, directory),
                 settings.data_dir / "models",
                 client.switch_model,
@@ -126,14 +127,15 @@ def run(
     config: Path = typer.Option(..., "--config", exists=True, dir_okay=False, help="LoopConfig as YAML or JSON (coder: ...)."),
     rounds: int | None = typer.Option(None, "--rounds", help="Rounds of the loop (overrides the file)."),
     coder_steps: int | None = typer.Option(None, "--coder-steps", help="N: the Coder's optimizer steps per round."),
-    proposer_steps: int | None = typer.Option(None, "--proposer-steps", help="M: the Proposer's (Proposer RL is not built: 0)."),
+    proposer_steps: int | None = typer.Option(None, "--proposer-steps", help="M: the Proposer's optimizer steps per round (needs proposer: in the file)."),
     model_path: Path | None = typer.Option(None, "--model-path", help="The Coder's base model (overrides coder.model_path)."),
     out: Path | None = typer.Option(None, "--out", file_okay=False, help="Run directory; default: the data dir's runs/<id>."),
 ) -> None:
     """Run the alternating loop here, round by round, through the running services (kernelzero up):
     the frontier's tasks, G candidates each from the Coder's queue, scored by the reward service,
-    CA-GRPO steps, the new version published and served. Figures go to the database and the run
-    directory (records.jsonl, curves.png)."""
+    CA-GRPO steps, the new version published and served; then, with --proposer-steps, G modules per
+    API set from the Proposer, rewarded at the Coder's frontier, GRPO steps, the Proposer's new version
+    published and served. Figures go to the database and the run directory (records.jsonl, curves.png)."""
     from services.clients import CoderClient, ServiceError, ServiceUnreachable
     from trainer.config import ConfigError, LoopConfig, load_config
     from trainer.runs import create_run, get_run, play_round
@@ -159,12 +161,13 @@ def run(
         while play_round(run_id, round_index, _Bars(bars, round_index)):
             round_index += 1
     result = get_run(run_id)
-    table = Table("round", "pass rate", "reward mean", "steps", "loss", "published", "seconds")
+    table = Table("round", "half", "pass rate / valid", "reward mean", "steps", "loss", "published", "seconds")
     for record in (r for r in result.records if r.kind == "round"):
         m = record.metrics
         table.add_row(
             str(record.round + 1),
-            _figure(m.get("pass_rate")),
+            record.role,
+            _figure(m.get("pass_rate") if record.role == "coder" else m.get("valid_fraction")),
             _figure(m.get("reward_mean")),
             str(m.get("steps")),
             _figure(m.get("loss_mean")),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -47,21 +47,22 @@ def bf16_enabled(setting: bool | None) -> bool:
     return setting if setting is not None else torch.cuda.is_available()
 
 
-class CoderRLConfig(BaseModel):
-    """CA-GRPO for the Coder: group-relative advantages from the reward service's CA-GRPO rewards,
-    DAPO's clipped token-level surrogate, truncated importance sampling against the sampler."""
+class PolicyRLConfig(BaseModel):
+    """Group-relative policy optimisation of a causal LM on scored rollout groups, shared by the Coder's
+    and the Proposer's runs: DAPO's clipped token-level surrogate, truncated importance sampling against
+    the sampler, optional KL to the initial model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model_path: Path = Field(..., description="Local Hugging Face model directory of the Coder's base model.")
+    model_path: Path = Field(..., description="Local Hugging Face model directory of the served base model.")
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
     learning_rate: float = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
-    group_size: int = Field(8, ge=2, le=64, description="G: candidates per task; advantages are relative within a group.")
-    groups_per_step: int = Field(4, ge=1, description="Groups (tasks) per optimizer step.")
+    group_size: int = Field(8, ge=2, le=64, description="G: samples per prompt; advantages are relative within a group.")
+    groups_per_step: int = Field(4, ge=1, description="Groups (prompts) per optimizer step.")
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass (gradients accumulate over a step).")
     epsilon_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio (1 - ε_low).")
     epsilon_high: float = Field(0.28, gt=0, description="Upper clip (1 + ε_high); DAPO's clip-higher: 0.28.")
@@ -75,12 +76,11 @@ class CoderRLConfig(BaseModel):
     max_staleness: int = Field(2, description="K: groups generated more than K model versions ago are dropped.")
     max_prompt_tokens: int = Field(4096, ge=1)
     max_completion_tokens: int = Field(4096, ge=1)
-    reward: CAGRPOConfig = Field(CAGRPOConfig(), description="How the reward service turns verdicts into rewards.")
     bf16: bool | None = Field(None, description="bf16 autocast; None: on where a GPU is.")
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
-    def _consistent(self) -> CoderRLConfig:
+    def _consistent(self) -> Self:
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness (K) must be 0 or more, not {self.max_staleness}")
         if self.epsilon_high < self.epsilon_low * 0.5:
@@ -92,6 +92,29 @@ class CoderRLConfig(BaseModel):
         check_model(self.model_path, self.lora)
         if group_size_served is not None and group_size_served != self.group_size:
             raise ConfigError(f"group_size {self.group_size} does not match the groups being scored ({group_size_served})")
+
+
+class CoderRLConfig(PolicyRLConfig):
+    """CA-GRPO for the Coder: group-relative advantages from the reward service's CA-GRPO rewards."""
+
+    reward: CAGRPOConfig = Field(CAGRPOConfig(), description="How the reward service turns verdicts into rewards.")
+
+
+class ProposerRLConfig(PolicyRLConfig):
+    """GRPO for the Proposer's ``llm`` composer, the Coder frozen: a valid new module earns the frontier
+    reward of the Coder's pass rate p on it (``linear``: 1 - |2p - 1|, highest where the Coder solves
+    it half the time); a module that is declined, rejected by validation or already in the pool earns
+    ``invalid_penalty`` (ρ)."""
+
+    invalid_penalty: float = Field(-0.5, le=0, description="ρ: the reward of a module that is not a valid new task.")
+    coder_samples: int = Field(
+        8, ge=1, le=64, description="k: the Coder's candidates per valid module, whose correct fraction is p."
+    )
+    frontier_shape: Literal["linear", "gaussian"] = Field("linear", description="The frontier reward's shape over p.")
+    frontier_width: float = Field(0.2, gt=0, description="Standard deviation of the gaussian shape.")
+    difficulty: float = Field(0.5, ge=0, le=1, description="The difficulty hint of the Proposer's prompt.")
+    max_ops: int = Field(6, ge=1, le=32, description="The operation bound of the Proposer's prompt.")
+    max_completion_tokens: int = Field(2048, ge=1)
 
 
 class ColdStartConfig(BaseModel):
@@ -124,14 +147,20 @@ class ColdStartConfig(BaseModel):
 class LoopConfig(BaseModel):
     """The alternating loop: per round, the Coder samples G candidates on each task the frontier picks
     (through the Coder service's queue, scored by the reward service's), trains ``coder_steps``
-    CA-GRPO steps on the groups and publishes the result as the version the Coder serves next."""
+    CA-GRPO steps on the groups and publishes the result as the version the Coder serves next; then,
+    with ``proposer_steps``, the Coder frozen, the Proposer's ``llm`` composer samples G modules per
+    API set, the Coder's pass rate on each valid one sets its reward, and the Proposer trains
+    ``proposer_steps`` GRPO steps and publishes the version the Proposer serves next."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     coder: CoderRLConfig = Field(..., description="The Coder's CA-GRPO settings (its model_path is the served base model).")
+    proposer: ProposerRLConfig | None = Field(
+        None, description="The Proposer's GRPO settings (its model_path is the Proposer's base model); needed for proposer_steps."
+    )
     rounds: int = Field(1, ge=1, le=10_000, description="Rounds of the loop.")
     coder_steps: int = Field(20, ge=1, description="N: the Coder's optimizer steps per round.")
-    proposer_steps: int = Field(0, ge=0, description="M: the Proposer's steps per round (Proposer RL is not built yet: 0).")
+    proposer_steps: int = Field(0, ge=0, description="M: the Proposer's optimizer steps per round (0: it is not trained).")
     tasks_per_round: int | None = Field(
         None, ge=1, description="Tasks the frontier picks per round; default: coder_steps x groups_per_step (one group each)."
     )
@@ -150,10 +179,12 @@ class LoopConfig(BaseModel):
 
     @model_validator(mode="after")
     def _buildable(self) -> LoopConfig:
-        if self.proposer_steps:
-            raise ValueError(
-                "proposer_steps must be 0: Proposer RL is not built yet (the frontier still picks the tasks each round)"
-            )
+        if self.proposer_steps and self.proposer is None:
+            raise ValueError("proposer_steps needs the Proposer's settings (proposer: {model_path: ...})")
+        if self.proposer is not None and not self.proposer_steps:
+            raise ValueError("proposer is set but proposer_steps is 0: give the Proposer's steps per round, or drop proposer")
+        if self.proposer_steps and self.composer == "composer":
+            raise ValueError("Proposer RL trains the llm composer: composer must be llm (or left to the service's)")
         return self
 
     @property
@@ -162,6 +193,8 @@ class LoopConfig(BaseModel):
 
     def check(self) -> None:
         self.coder.check()
+        if self.proposer is not None:
+            self.proposer.check()
 
 
 RunConfig = TypeVar("RunConfig", CoderRLConfig, ColdStartConfig, LoopConfig)

@@ -11,8 +11,8 @@ through the verdicts the reward service stored (the Proposer's failure bias).
 A round is the checkpoint: its version is published before the run records it done, and a round
 started again after its worker died trains afresh from the last published version, its claims
 released first, so no group is trained on by two versions of one lineage; where the worker died
-after publishing, the round finds the version it published (``publish.published_by``) and stands. Proposer RL (training the
-``llm`` composer on the frontier reward) is not built yet: ``LoopConfig`` refuses ``proposer_steps``.
+after publishing, the round finds the version it published (``publish.published_by``) and stands.
+With ``proposer_steps`` the Proposer's half follows (``proposer_half``), checkpointed the same way.
 """
 
 from __future__ import annotations
@@ -24,55 +24,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from sqlalchemy import update
-
-from services.clients import CoderClient, ProposerClient
-from services.clients.base import JobTimeout
-from services.db.models import RolloutGroup
-from services.db.session import session_scope
 from services.llm.chat import Message, Sampling
-from services.schemas.coder import KernelRequest, KernelResult, ScoringIn, ServingModel
+from services.schemas.coder import KernelRequest, ScoringIn, ServingModel
 from services.schemas.proposer import FrontierOut, ProposeRequest
-from trainer.coder_rl import CoderTrainer, StepReport
 from trainer.config import LoopConfig
 from trainer.intake import coder_samples
-from trainer.publish import publish_coder, published_by, serve_coder
+from trainer.policy import PolicyTrainer, StepReport
+from trainer.proposer_half import ProposerOutcome, proposer_half
+from trainer.publish import publish_version, published_by, serve_version, version_path
 from trainer.records import RunRecorder
 from trainer.rollouts import UNSCORED, Sample, claim_groups, record_group
-
-
-class Cancelled(Exception):
-    """The run was asked to stop; the last published round stands."""
-
-
-class LoopError(RuntimeError):
-    """A round cannot go on (a service that does not answer, a generation job that failed); the
-    message says which and why; the last published round stands."""
-
-
-class Progress(Protocol):
-    """What the loop reports as it goes (rich's ``Progress`` in the CLI, nothing in a worker)."""
-
-    def phase(self, name: str, total: int) -> None: ...
-    def advance(self) -> None: ...
-
-
-class Quiet:
-    def phase(self, name: str, total: int) -> None:
-        pass
-
-    def advance(self) -> None:
-        pass
-
-
-@dataclass
-class Services:
-    """The clients a round drives; the CLI and the trainer's worker open them the same way."""
-
-    proposer: ProposerClient
-    coder: CoderClient
+from trainer.round_context import Cancelled, LoopError, Progress, Quiet, Services, await_kernel, claim_key, release_claims
 
 
 @dataclass
@@ -80,7 +44,8 @@ class Checkpoint:
     """Where a run stands: rounds trained and published, and the version the last one published."""
 
     rounds_done: int = 0
-    adapter_path: Path | None = None  # the last published version's directory (adapter or whole model)
+    adapter_path: Path | None = None  # the Coder's last published version's directory (adapter or whole model)
+    proposer_path: Path | None = None  # the Proposer's
 
 
 @dataclass
@@ -103,19 +68,6 @@ def served_weights(serving: ServingModel, config: LoopConfig) -> Path | None:
     if serving.id is not None and serving.adapter_path is None and serving.base_model:
         return Path(serving.base_model)
     return None
-
-
-def claim_key(run_id: str, round_index: int) -> str:
-    return f"{run_id}/r{round_index}"
-
-
-def release_claims(key: str) -> int:
-    """Give back what an attempt of a round claimed that died before it published."""
-    with session_scope() as session:
-        released = session.execute(
-            update(RolloutGroup).where(RolloutGroup.claimed_by == key).values(claimed_by=None, claimed_at=None, dropped=None)
-        )
-        return int(released.rowcount)  # type: ignore[attr-defined]  # an UPDATE's result is a CursorResult
 
 
 def pick_tasks(config: LoopConfig, services: Services, round_index: int) -> tuple[FrontierOut, list[tuple[str, str]]]:
@@ -171,23 +123,12 @@ def generate(
     for task_id, job_id in jobs:
         if cancelled():
             raise Cancelled
-        result = _finished(services.coder, job_id, config.generation_timeout_s)
+        result = await_kernel(services.coder, job_id, config.generation_timeout_s)
         samples = coder_samples(result, render, config.coder.reward)
         record_group("coder", samples, group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=result.model_version_id)
         _count(generated, samples)
         progress.advance()
     return generated
-
-
-def _finished(coder: CoderClient, job_id: str, timeout_s: float) -> KernelResult:
-    try:
-        job = coder.wait_for_job(job_id, timeout_s=timeout_s, poll_s=1.0)
-    except JobTimeout as exc:
-        raise LoopError(f"generation job {job_id} did not finish in {timeout_s:.0f} s") from exc
-    response = coder.kernel(job.id)
-    if response.result is None:
-        raise LoopError(f"generation job {job_id} {response.job_status}: {response.error or 'no result'}")
-    return response.result
 
 
 def _count(generated: Generated, samples: list[Sample]) -> None:
@@ -204,7 +145,7 @@ def _count(generated: Generated, samples: list[Sample]) -> None:
 
 def train(
     config: LoopConfig,
-    trainer: CoderTrainer,
+    trainer: PolicyTrainer,
     key: str,
     current_version: str | None,
     on_step: Callable[[int, StepReport, Counter[str]], None],
@@ -237,6 +178,14 @@ def train(
     return reports, dropped
 
 
+@dataclass(frozen=True)
+class Published:
+    """The versions a round published (None: that half had no group with a signal, or did not run)."""
+
+    coder: ServingModel | None = None
+    proposer: ServingModel | None = None
+
+
 def run_round(
     config: LoopConfig,
     run_id: str,
@@ -248,21 +197,45 @@ def run_round(
     *,
     progress: Progress | None = None,
     cancelled: Callable[[], bool] = lambda: False,
-) -> tuple[Checkpoint, ServingModel | None]:
-    """One round from ``checkpoint``; the new checkpoint and the version it published (None where no
-    group carried a signal: nothing was trained, the served version stays)."""
-    from services.llm.hf_local import render_prompt
-
+) -> tuple[Checkpoint, Published]:
+    """One round from ``checkpoint``: the Coder's half, then (with ``proposer_steps``) the Proposer's;
+    the new checkpoint and the versions the round published."""
     progress = progress or Quiet()
     key = claim_key(run_id, round_index)
-    done = published_by(store, "coder", key)
-    if done is not None:  # its worker died after publishing, before the run recorded it: the round stands
-        recovered = serve_coder(
-            done, services.coder.switch_model, base_model=config.coder.model_path, adapter=config.coder.lora is not None
+    coder_path, coder = coder_half(
+        config, key, round_index, checkpoint.adapter_path, services, store, recorder, progress, cancelled
+    )
+    proposer = ProposerOutcome(checkpoint.proposer_path, None)
+    if config.proposer_steps:
+        proposer = proposer_half(
+            config, key, round_index, checkpoint.proposer_path, services, store, recorder, progress, cancelled
         )
+    return Checkpoint(checkpoint.rounds_done + 1, coder_path, proposer.path), Published(coder, proposer.published)
+
+
+def coder_half(
+    config: LoopConfig,
+    key: str,
+    round_index: int,
+    checkpoint: Path | None,
+    services: Services,
+    store: Path,
+    recorder: RunRecorder,
+    progress: Progress,
+    cancelled: Callable[[], bool],
+) -> tuple[Path | None, ServingModel | None]:
+    """The Coder's half from the version it last published (``checkpoint``): that version's directory
+    after the half, and the version it published (None where no group carried a signal: nothing was
+    trained, the served version stays)."""
+    from services.llm.hf_local import render_prompt
+
+    adapter = config.coder.lora is not None
+    done = published_by(store, "coder", key)
+    if done is not None:  # its worker died after publishing, before the run recorded it: the half stands
+        recovered = serve_version(done, services.coder.switch_model, base_model=config.coder.model_path, adapter=adapter)
         if not recorder.has_round(round_index):
             recorder.round(round_index, {"published": recovered.name, "published_id": recovered.id, "recovered": True})
-        return Checkpoint(checkpoint.rounds_done + 1, done), recovered
+        return done, recovered
     release_claims(key)
     recorder.forget_round(round_index)
     seconds: dict[str, float] = {}
@@ -275,11 +248,11 @@ def run_round(
         )
     frontier, tasks = pick_tasks(config, services, round_index)
     seconds["propose"] = time.perf_counter() - started
-    trainer = CoderTrainer(
+    trainer = PolicyTrainer(
         config.coder,
         total_steps=config.rounds * config.coder_steps,
-        resume_from=checkpoint.adapter_path or served_weights(serving, config),
-        steps_done=checkpoint.rounds_done * config.coder_steps,
+        resume_from=checkpoint or served_weights(serving, config),
+        steps_done=round_index * config.coder_steps,
     )
     started = time.perf_counter()
     generated = generate(config, services, tasks, round_index, lambda m: render_prompt(trainer.tokenizer, m), progress, cancelled)
@@ -296,18 +269,16 @@ def run_round(
     published = None
     started = time.perf_counter()
     if reports:
-        published = publish_coder(
+        published = publish_version(
+            "coder",
             trainer.save,
             store,
             services.coder.switch_model,
             base_model=config.coder.model_path,
-            adapter=config.coder.lora is not None,
+            adapter=adapter,
             origin=key,
         )
-        path = published.adapter_path or published.base_model
-        checkpoint = Checkpoint(checkpoint.rounds_done + 1, Path(path) if path else checkpoint.adapter_path)
-    else:
-        checkpoint = Checkpoint(checkpoint.rounds_done + 1, checkpoint.adapter_path)
+        checkpoint = version_path(published) or checkpoint
     seconds["publish"] = time.perf_counter() - started
     recorder.round(round_index, _round_metrics(generated, frontier, reports, dropped, serving, published, seconds))
     return checkpoint, published

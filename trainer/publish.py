@@ -1,7 +1,8 @@
-"""Weight publishing: what a training round produced becomes the version the Coder serves.
+"""Weight publishing: what a training round produced becomes the version the Coder (or the Proposer)
+serves.
 
 The adapter (or, after a full fine-tune, the whole model) is written to the model store under the
-next version's name, ``coder-v{N}``, first into a hidden directory and then renamed into place, so a
+next version's name, ``coder-v{N}`` (``proposer-v{N}``), first into a hidden directory and then renamed into place, so a
 worker that loads it never reads half a checkpoint. Full weights are served by the ``hf`` backend;
 with vLLM (the ``openai`` backend) publish an adapter, which it loads at runtime. The Coder service then records the version
 (``model_versions``) and switches serving to it (``POST /v1/admin/model``); its workers load it at
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from services.db.models import ModelVersion
 from services.schemas.coder import ModelSwitch, ServingModel
 
 VERSION_DIR = re.compile(r"^(?P<role>[a-z]+)-v(?P<number>\d+)$")
@@ -70,7 +72,8 @@ def published_by(store: Path, role: str, origin: str) -> Path | None:
     return None
 
 
-def publish_coder(
+def publish_version(
+    role: str,
     write: Write,
     store: Path,
     switch: Callable[[ModelSwitch], ServingModel],
@@ -79,17 +82,25 @@ def publish_coder(
     adapter: bool,
     origin: str | None = None,
 ) -> ServingModel:
-    """Save the Coder's new version (``write``: ``CoderTrainer.save``, or an SFT run writing its result)
-    and make it the one served. ``switch`` is the Coder service's
-    ``/v1/admin/model`` (``CoderClient.switch_model``)."""
-    return serve_coder(save_version(write, store, "coder", origin), switch, base_model=base_model, adapter=adapter)
+    """Save a role's new version (``write``: ``PolicyTrainer.save``, or an SFT run writing its result)
+    and make it the one served. ``switch`` is that service's ``/v1/admin/model`` (the Coder's or the
+    Proposer's client's ``switch_model``)."""
+    return serve_version(save_version(write, store, role, origin), switch, base_model=base_model, adapter=adapter)
 
 
-def serve_coder(
+def serve_version(
     directory: Path, switch: Callable[[ModelSwitch], ServingModel], *, base_model: Path, adapter: bool
 ) -> ServingModel:
-    """Make a saved version the one the Coder serves (again, where it was: the service keeps one record
-    per version). An adapter is served on ``base_model``; full weights are served as the base model itself."""
+    """Make a saved version the one served (again, where it was: the service keeps one record per
+    version). An adapter is served on ``base_model``; full weights are served as the base model itself."""
     if adapter:
         return switch(ModelSwitch(name=directory.name, base_model=str(base_model), adapter_path=str(directory)))
     return switch(ModelSwitch(name=directory.name, base_model=str(directory)))
+
+
+def version_path(version: ServingModel | ModelVersion | None) -> Path | None:
+    """The directory a published version was saved in (its adapter, or its whole model)."""
+    if version is None:
+        return None
+    path = version.adapter_path or version.base_model
+    return Path(path) if path else None

@@ -22,6 +22,7 @@ from services.queue.jobs import submit_job
 from services.queue.names import TRAIN_ROUND_TASK, TRAINING
 from services.schemas.trainer import RecordOut, RunOut
 from trainer.config import ConfigError, LoopConfig
+from trainer.publish import version_path
 from trainer.records import run_records
 
 if TYPE_CHECKING:
@@ -109,7 +110,11 @@ def play_round(run_id: str, round_index: int, progress: Progress | None = None) 
         config = LoopConfig.model_validate(run.config)
         run.status, run.started_at = "running", run.started_at or datetime.now(UTC)
         run_dir = Path(run.run_dir)
-        checkpoint = Checkpoint(run.rounds_done, _version_path(session.get(ModelVersion, run.coder_version_id or "")))
+        checkpoint = Checkpoint(
+            run.rounds_done,
+            version_path(session.get(ModelVersion, run.coder_version_id or "")),
+            version_path(session.get(ModelVersion, run.proposer_version_id or "")),
+        )
     settings = get_settings()
     try:
         with ProposerClient() as proposer, CoderClient() as coder:
@@ -135,20 +140,14 @@ def play_round(run_id: str, round_index: int, progress: Progress | None = None) 
     with session_scope() as session:
         run = session.get_one(TrainingRun, run_id)
         run.rounds_done = checkpoint.rounds_done
-        if published is not None:
-            run.coder_version_id = published.id
+        if published.coder is not None:
+            run.coder_version_id = published.coder.id
+        if published.proposer is not None:
+            run.proposer_version_id = published.proposer.id
         more = run.rounds_done < config.rounds and not run.cancel_requested
         if not more:
             _finish(run, "cancelled" if run.cancel_requested else "succeeded", None)
     return more
-
-
-def _version_path(version: ModelVersion | None) -> Path | None:
-    """The directory the run's last published version was saved in (adapter, or whole model)."""
-    if version is None:
-        return None
-    path = version.adapter_path or version.base_model
-    return Path(path) if path else None
 
 
 def _end(run_id: str, status: str, error: str | None) -> bool:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from proposer_svc.compose.base import ProposalHints, ProposedModule
 from proposer_svc.mining import forward_api_sets
 from proposer_svc.validate import check_structure
-from services.llm.chat import ChatModel, Message, Sampling
+from services.llm.chat import ChatModel, Completion, Message, Sampling
 from services.llm.extract import extract_code
 from services.outcomes import Declined
 
@@ -79,6 +80,15 @@ def build_messages(api_set: Sequence[str], hints: ProposalHints) -> list[Message
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
+@dataclass(frozen=True)
+class SampledModule:
+    """One reply of a group: the module it holds, or why it holds none (``declined``)."""
+
+    completion: Completion
+    module: ProposedModule | None
+    declined: str | None
+
+
 class LLMComposer:
     name = "llm"
 
@@ -91,27 +101,47 @@ class LLMComposer:
         completions = self.model.complete(build_messages(api_set, hints), sampling)
         if not completions:
             raise Declined("the model returned no reply")
-        reply = completions[0]
-        source = extract_code(reply.text, REQUIRED_NAMES)
-        if source is None:
-            raise Declined(f"no program defining {', '.join(REQUIRED_NAMES)} in the reply")
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as exc:
-            raise Declined(f"the program does not parse: {exc.msg}") from exc
-        problem = check_structure(tree)
-        if problem:
-            raise Declined(problem)
-        used = sorted(set().union(*forward_api_sets(tree)))
-        return ProposedModule(
-            source=source,
-            api_set=used,
-            input_shapes=[],  # known once validation has run the module
-            origin=f"llm:{reply.model}",
-            details={
-                "requested": list(api_set),
-                "missing": sorted(set(api_set) - set(used)),
-                "model_version": reply.model_version,
-                "finish_reason": reply.finish_reason,
-            },
-        )
+        return module_from_reply(completions[0], api_set)
+
+    def sample_group(
+        self, api_set: Sequence[str], hints: ProposalHints, sampling: Sampling
+    ) -> tuple[list[Message], list[SampledModule]]:
+        """``sampling.n`` replies to one API set's prompt, each kept as drawn (a Proposer RL group): the
+        prompt, and per reply its module or the reason it holds none."""
+        messages = build_messages(api_set, hints)
+        group = []
+        for completion in self.model.complete(messages, sampling.model_copy(update={"seed": hints.seed})):
+            try:
+                group.append(SampledModule(completion, module_from_reply(completion, api_set), None))
+            except Declined as exc:
+                group.append(SampledModule(completion, None, str(exc)))
+        return messages, group
+
+
+def module_from_reply(reply: Completion, api_set: Sequence[str]) -> ProposedModule:
+    """The KernelBench-format module in a reply, with the APIs its ``forward`` really uses; ``Declined``
+    with the reason where it holds none."""
+    source = extract_code(reply.text, REQUIRED_NAMES)
+    if source is None:
+        cut = " (the reply was cut at max_tokens)" if reply.finish_reason == "length" else ""
+        raise Declined(f"no program defining {', '.join(REQUIRED_NAMES)} in the reply{cut}")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise Declined(f"the program does not parse: {exc.msg}") from exc
+    problem = check_structure(tree)
+    if problem:
+        raise Declined(problem)
+    used = sorted(set().union(*forward_api_sets(tree)))
+    return ProposedModule(
+        source=source,
+        api_set=used,
+        input_shapes=[],  # known once validation has run the module
+        origin=f"llm:{reply.model}",
+        details={
+            "requested": list(api_set),
+            "missing": sorted(set(api_set) - set(used)),
+            "model_version": reply.model_version,
+            "finish_reason": reply.finish_reason,
+        },
+    )

@@ -182,6 +182,9 @@ class TrainingRun(Base):
     run_dir: Mapped[str] = mapped_column(String(1000))
     rounds_done: Mapped[int] = mapped_column(Integer, default=0)  # the checkpoint: rounds trained and published
     coder_version_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"))  # the latest it published
+    proposer_version_id: Mapped[str | None] = mapped_column(
+        ForeignKey("model_versions.id", name="fk_training_runs_proposer_version")
+    )
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     job_id: Mapped[str | None] = mapped_column(String(36), index=True)
     error: Mapped[str | None] = mapped_column(Text)
@@ -198,6 +201,7 @@ class TrainingRecord(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(10))  # step | round
+    role: Mapped[str] = mapped_column(String(10), default="coder", server_default="coder")  # coder | proposer
     round: Mapped[int] = mapped_column(Integer)
     step: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)

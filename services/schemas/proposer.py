@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.llm.chat import Message, SampledTokens
+
 ComposerName = Literal["composer", "llm"]
 TaskStatus = Literal["pending", "valid", "rejected", "reference"]
 
@@ -20,8 +22,26 @@ class ProposeRequest(BaseModel):
     max_ops: int = Field(6, ge=1, le=32, description="Upper bound on operations per module.")
     api_set_size: int | None = Field(None, ge=1, le=16, description="APIs sampled per module; default KZ_PROPOSER_API_SET_SIZE.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where validation runs the modules.")
+    group_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Modules sampled from each API set's prompt (the llm composer). Above 1, each API set is a Proposer RL "
+        "group: count API sets, group_size samples each, every sample kept as drawn (no retry), with its reply's tokens.",
+    )
+    temperature: float | None = Field(None, ge=0, le=2, description="The llm composer's sampling temperature; default 0.8.")
+    max_tokens: int | None = Field(None, ge=1, le=65536, description="The llm composer's longest reply; default 2048.")
     seed: int | None = Field(None, ge=0, description="Same seed, same request: same job. None draws a fresh seed.")
     wait_s: float = Field(0.0, ge=0, le=600, description="How long to wait for the job before answering with its id.")
+
+
+class SampledReply(BaseModel):
+    """A Proposer reply as the sampler drew it, what training needs: its text and, where the backend
+    gave them, its token ids and their log-probabilities."""
+
+    text: str
+    model_version: str | None = None
+    tokens: SampledTokens | None = None
 
 
 class ProposalOut(BaseModel):
@@ -32,6 +52,8 @@ class ProposalOut(BaseModel):
     reason: str
     rule: str | None = None
     api_set: list[str]
+    group: int | None = Field(None, description="With group_size > 1: the API set's group (its index in ProposeSummary.prompts).")
+    reply: SampledReply | None = Field(None, description="With group_size > 1: the composer's reply, as sampled.")
 
 
 class ProposeSummary(BaseModel):
@@ -46,6 +68,9 @@ class ProposeSummary(BaseModel):
     corpus: str | None = Field(description="The mined statistics sampled from; None: uniform sampling.")
     seconds: float
     proposals: list[ProposalOut]
+    prompts: list[list[Message]] = Field(
+        default_factory=list, description="With group_size > 1: per group, the conversation each of its samples answers."
+    )
 
 
 class ProposeResponse(BaseModel):

@@ -17,6 +17,7 @@ class RecordOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     kind: Literal["step", "round"]
+    role: Literal["coder", "proposer"] = Field(description="Whose half of the round: the Coder's or the Proposer's.")
     round: int = Field(description="0-based round.")
     step: int | None = Field(None, description="0-based optimizer step within the round; None for a round's row.")
     metrics: dict[str, Any]
@@ -31,6 +32,7 @@ class RunOut(BaseModel):
     run_dir: str = Field(description="Where records.jsonl and curves.png are written, as the trainer's workers see it.")
     rounds_done: int = Field(description="Rounds trained and published: where a restarted run resumes.")
     coder_version_id: str | None = Field(None, description="The Coder version the run published last.")
+    proposer_version_id: str | None = Field(None, description="The Proposer version the run published last.")
     cancel_requested: bool
     error: str | None = None
     created_at: datetime

@@ -1,8 +1,8 @@
-"""One CA-GRPO optimizer step for the Coder on claimed rollout groups, through accelerate (one process,
-DDP, FSDP or DeepSpeed, as its config says) on a Hugging Face causal LM, LoRA through peft or every
-weight.
+"""One group-relative policy optimizer step on claimed rollout groups (the Coder's CA-GRPO, the
+Proposer's GRPO: they differ only in their rewards), through accelerate (one process, DDP, FSDP or
+DeepSpeed, as its config says) on a Hugging Face causal LM, LoRA through peft or every weight.
 
-The rollouts were sampled elsewhere (the Coder's queue, vLLM) and scored by the reward service; this
+The rollouts were sampled elsewhere (the Coder's or the Proposer's queue, vLLM) and scored; this
 step re-tokenises nothing it was given as ids, computes the policy's log-probabilities before the
 update (``old``: the ratio's denominator) and during it, and weighs each token by the truncated
 ratio to the sampler's own log-probabilities where the sampler reported them.
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import CoderRLConfig, bf16_enabled
+from trainer.config import PolicyRLConfig, bf16_enabled
 from trainer.loss import completion_logps, policy_loss
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
@@ -58,12 +58,12 @@ class _Sequence:
     advantage: float
 
 
-class CoderTrainer:
-    """The policy being trained, its optimizer and schedule; ``step`` applies one CA-GRPO update."""
+class PolicyTrainer:
+    """The policy being trained, its optimizer and schedule; ``step`` applies one update."""
 
     def __init__(
         self,
-        config: CoderRLConfig,
+        config: PolicyRLConfig,
         accelerator: Any | None = None,
         *,
         total_steps: int = 1000,

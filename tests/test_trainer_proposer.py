@@ -1,0 +1,157 @@
+"""Proposer RL: the Proposer's sampled groups (G replies to one API set's prompt, each kept as drawn,
+with its tokens), their rewards (the frontier reward of the Coder's pass rate on a valid new module,
+the penalty ρ otherwise), and the Proposer's half of a round end to end through the real services."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from proposer_svc import FrontierConfig, frontier_reward
+from proposer_svc.compose.base import ProposalHints
+from proposer_svc.compose.llm import build_messages
+from proposer_svc.mining import directory_corpus, mine, save_stats
+from proposer_svc.service import propose
+from services.config import Settings
+from services.db.models import Task
+from services.db.session import session_scope
+from services.llm.chat import SampledTokens
+from services.schemas.proposer import ProposalOut, ProposeRequest, ProposeSummary, SampledReply
+from tiny_lm import build_replying_lm
+from trainer.intake import proposer_samples
+from trainer.rollouts import UNSCORED
+
+TANH_MODULE = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.tanh(x) * 2.0
+
+
+batch_size = 16
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+API_SET = ["torch.tanh"]
+HINTS = ProposalHints()  # the loop's defaults: difficulty 0.5, max_ops 6
+PENALTY = -0.5
+
+
+def mine_tanh_corpus(root: Path) -> None:
+    """Statistics in which torch.tanh is the only API used: with one API per set, every prompt asks for it."""
+    root.mkdir()
+    (root / "models.py").write_text(TANH_MODULE.replace("torch.tanh(x) * 2.0", "torch.tanh(x)"))
+    sources = directory_corpus([root])
+    save_stats("tanh", mine(sources), sources)
+
+
+def proposer_lm(directory: Path) -> Path:
+    """A tiny Proposer that answers the torch.tanh prompt with the module about 40% of the time."""
+    return build_replying_lm(directory, build_messages(API_SET, HINTS), f"```python\n{TANH_MODULE}```")
+
+
+def reply(text: str, prompt: str | None = None) -> SampledReply:
+    return SampledReply(text=text, tokens=SampledTokens(prompt=prompt, completion_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3]))
+
+
+def test_each_reply_earns_the_frontier_reward_of_its_module_or_the_penalty() -> None:
+    def proposal(status: str, task_id: str | None = None, group: int = 0) -> ProposalOut:
+        return ProposalOut(task_id=task_id, status=status, reason="", api_set=API_SET, group=group, reply=reply(status))  # type: ignore[arg-type]
+
+    proposals = [
+        proposal("valid", "half"),  # the Coder solves it half the time: the frontier's peak
+        proposal("valid", "always"),  # always solved: no frontier reward
+        proposal("valid", "quarter"),
+        proposal("rejected", "bad"),  # stored, but not a valid task
+        proposal("declined"),
+        proposal("exists"),  # already in the pool: not new
+        proposal("valid", "half", group=1),  # another group's
+    ]
+    summary = ProposeSummary.model_validate(
+        {
+            **dict.fromkeys(("requested", "valid", "rejected", "declined", "exists", "apis_covered", "pairs_covered"), 0),
+            "reasons": {},
+            "corpus": None,
+            "seconds": 0.0,
+            "proposals": [p.model_dump() for p in proposals],
+            "prompts": [[{"role": "user", "content": "zero"}], [{"role": "user", "content": "one"}]],
+        }
+    )
+    rates: dict[str, float | None] = {"half": 0.5, "always": 1.0, "quarter": 0.25}
+    linear = FrontierConfig(shape="linear")
+    samples = proposer_samples(
+        summary, 0, lambda m: f"rendered {m[0]['content']}", rates, lambda p: frontier_reward(p, linear), PENALTY
+    )
+    assert [(s.status, s.reward) for s in samples] == [
+        ("valid", 1.0),
+        ("valid", 0.0),
+        ("valid", 0.5),
+        ("rejected", PENALTY),
+        ("declined", PENALTY),
+        ("exists", PENALTY),
+    ]
+    assert all(s.prompt == "rendered zero" and s.completion_ids == [1, 2, 3] for s in samples)
+    assert samples[0].behaviour_logps == [-0.1, -0.2, -0.3]
+
+    rates["half"] = None  # the Coder's candidates on it could not be judged: the group stays out of the loss
+    again = proposer_samples(summary, 1, lambda m: "unused", rates, lambda p: frontier_reward(p, linear), PENALTY)
+    assert [(s.status, s.reward) for s in again] == [(UNSCORED, None)]
+
+
+def test_a_sampled_group_keeps_every_reply_with_its_tokens_and_repeats_share_one_task(
+    platform_env: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = platform_env(
+        coder_model_backend="hf",
+        coder_hf_model_path=proposer_lm(tmp_path / "proposer-lm"),
+        proposer_corpus="tanh",
+        proposer_api_set_size=1,
+        proposer_validation_warm_children=0,
+    )
+    mine_tanh_corpus(tmp_path / "corpus")
+    request = ProposeRequest(count=1, backend="llm", group_size=8, device="cpu", seed=3, max_tokens=200)
+    summary = propose(request, settings)
+
+    assert len(summary.prompts) == 1 and API_SET[0] in summary.prompts[0][-1]["content"]
+    assert len(summary.proposals) == 8 and {p.group for p in summary.proposals} == {0}
+    for proposal in summary.proposals:
+        tokens = proposal.reply.tokens if proposal.reply else None
+        assert tokens is not None and tokens.prompt and len(tokens.completion_ids) == len(tokens.logprobs or []) > 0
+    statuses = Counter(p.status for p in summary.proposals)
+    assert statuses["valid"] >= 1 and statuses["declined"] >= 1, statuses  # the group carries a signal
+    assert set(statuses) <= {"valid", "declined"}
+    assert len({p.task_id for p in summary.proposals if p.status == "valid"}) == 1  # one module, one task, every copy
+    with session_scope() as session:
+        assert session.scalar(select(func.count()).select_from(Task)) == 1
+
+    again = propose(request.model_copy(update={"seed": 4}), settings)  # the module is in the pool now: not new
+    assert {p.status for p in again.proposals} <= {"exists", "declined"} and "exists" in {p.status for p in again.proposals}
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_sampled_groups_need_the_llm_composer(platform_env: Callable[..., Settings], group_size: int) -> None:
+    from proposer_svc.service import ComposerUnavailable, submit_propose
+
+    platform_env(proposer_composer="composer")
+    request = ProposeRequest(count=1, group_size=group_size, seed=1)
+    if group_size == 1:
+        assert submit_propose(request).id
+    else:
+        with pytest.raises(ComposerUnavailable, match="need the llm composer"):
+            submit_propose(request)
