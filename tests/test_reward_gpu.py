@@ -158,8 +158,9 @@ def test_timed_calls_that_reuse_an_earlier_result_are_caught(evaluator: Evaluato
         if v.correct and v.speedup is not None and v.speedup > 1.2
     }
     assert not paid, paid
-    # a cache a judged call hits first (the warm-up's or a trial's address reused) is caught before timing
-    caught_before = ("timing_evasion", "conditional_fallback", "cross_call_cache")
+    # a cache a judged call hits first (the warm-up's or a trial's address reused) is caught before timing;
+    # so is one the knockout trial's tampered results make take another path (H200, call 16)
+    caught_before = ("timing_evasion", "conditional_fallback", "cross_call_cache", "knockout_evasion")
     wrong_guard = {
         name: v.reason for name, v in zip(TIMING_CACHES, verdicts) if v.status == "rejected" and v.guard not in caught_before
     }

@@ -4,28 +4,35 @@ the penalty ρ otherwise), and the Proposer's half of a round end to end through
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
+from coder_svc import kernel_messages, system_prompt_for
 from proposer_svc import FrontierConfig, frontier_reward
 from proposer_svc.compose.base import ProposalHints
 from proposer_svc.compose.llm import build_messages
 from proposer_svc.mining import directory_corpus, mine, save_stats
 from proposer_svc.service import propose
+from reward_cases import CORRECT, RELU_REFERENCE
+from servers import serve
+from services.clients import ProposerClient, TrainerClient
 from services.config import Settings
-from services.db.models import Task
+from services.db.models import RolloutGroup, Task
 from services.db.session import session_scope
+from services.db.tasks import ensure_task
 from services.llm.chat import SampledTokens
 from services.schemas.proposer import ProposalOut, ProposeRequest, ProposeSummary, SampledReply
 from tiny_lm import build_replying_lm
 from trainer.intake import proposer_samples
 from trainer.rollouts import UNSCORED
 
-TANH_MODULE = '''import torch
+TANH_MODULE = """import torch
 import torch.nn as nn
 
 
@@ -47,7 +54,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 API_SET = ["torch.tanh"]
 HINTS = ProposalHints()  # the loop's defaults: difficulty 0.5, max_ops 6
 PENALTY = -0.5
@@ -155,3 +162,71 @@ def test_sampled_groups_need_the_llm_composer(platform_env: Callable[..., Settin
     else:
         with pytest.raises(ComposerUnavailable, match="need the llm composer"):
             submit_propose(request)
+
+
+@pytest.mark.slow  # five services' workers and APIs, two tiny models, sandboxed validation and verdicts
+def test_a_round_trains_and_publishes_the_proposer_after_the_coder(
+    coder_api: str,
+    platform_env: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    free_port: Callable[[], int],
+    tmp_path: Path,
+) -> None:
+    """One round of both halves through the real services: the Coder's (as in test_trainer_loop), then
+    the Proposer's: its tiny model samples a group on the torch.tanh prompt (the module about 40% of the
+    time), the Proposer service validates and stores the module, the frozen Coder's candidates on it
+    set p, the Proposer trains a GRPO step and publishes proposer-v1, which the Proposer then serves."""
+    messages = kernel_messages(RELU_REFERENCE, "triton", system_prompt_for("triton"))
+    coder_model = build_replying_lm(tmp_path / "tiny-lm", messages, f"```python\n{CORRECT}\n```")
+    proposer_model = proposer_lm(tmp_path / "proposer-lm")
+    ensure_task(RELU_REFERENCE, "reference")
+    proposer_port, trainer_port = free_port(), free_port()
+    platform_env(proposer_port=proposer_port, trainer_port=trainer_port, proposer_corpus="tanh", proposer_api_set_size=1)
+    mine_tanh_corpus(tmp_path / "corpus")
+    start_worker("proposer", coder_model_backend="hf")
+    start_worker("trainer")
+    config = {
+        "coder": {"model_path": str(coder_model), "group_size": 8, "groups_per_step": 1, "learning_rate": 5e-3, "bf16": False},
+        "proposer": {
+            "model_path": str(proposer_model),
+            "group_size": 8,
+            "groups_per_step": 1,
+            "learning_rate": 5e-3,
+            "coder_samples": 2,
+            "max_completion_tokens": 200,
+            "bf16": False,
+        },
+        "coder_steps": 1,
+        "proposer_steps": 1,
+        "model_backend": "hf",
+        "device": "cpu",
+        "max_tokens": 8,
+        "scoring_timeout_s": 120,
+    }
+    with serve("proposer_svc.api:app", proposer_port), serve("trainer.api:app", trainer_port), TrainerClient() as trainer:
+        run = trainer.submit_run(config)
+        deadline = time.monotonic() + 600
+        while run.status in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(1)
+            run = trainer.run(run.id)
+        assert run.status == "succeeded", run.error
+        with ProposerClient() as proposer:
+            serving = proposer.serving_model()
+            after = proposer.propose(ProposeRequest(count=1, backend="llm", device="cpu", seed=11, max_tokens=200), wait_s=300)
+
+    assert run.rounds_done == 1 and run.coder_version_id and run.proposer_version_id
+    halves = {(r.kind, r.role): r.metrics for r in run.records}
+    assert set(halves) == {("round", "coder"), ("step", "coder"), ("round", "proposer"), ("step", "proposer")}
+    proposer_round = halves["round", "proposer"]
+    assert proposer_round["groups"] == 1 and proposer_round["samples"] == 8
+    assert 0 < proposer_round["valid_fraction"] < 1 and proposer_round["modules_measured"] == 1
+    assert proposer_round["sampled_with"] == "proposer-lm" and proposer_round["published"] == "proposer-v1"
+    assert halves["step", "proposer"]["samples"] == 8 and halves["step", "proposer"]["tokens"] > 0
+    with session_scope() as session:
+        groups = session.scalars(select(RolloutGroup).where(RolloutGroup.role == "proposer")).all()
+        assert [(g.claimed_by, g.dropped) for g in groups] == [(f"{run.id}/r0/proposer", None)]
+        new_tasks = session.scalars(select(Task).where(Task.origin.like("llm:%"))).all()
+        assert len(new_tasks) == 1 and "torch.tanh" in (new_tasks[0].api_set or [])
+    assert (serving.name, serving.id) == ("proposer-v1", run.proposer_version_id)
+    assert after.result is not None and after.job_status == "succeeded"
+    assert after.result.proposals[0].status in ("exists", "declined", "valid", "rejected")

@@ -1,5 +1,5 @@
-"""Trainer: rollout intake, cold-start SFT and CA-GRPO for the Coder, weight publishing, and the
-alternating loop's runs (the Coder's half; Proposer RL is still to come).
+"""Trainer: rollout intake, cold-start SFT, CA-GRPO for the Coder and GRPO for the Proposer, weight
+publishing, and the alternating loop's runs.
 
 Its face, what other packages may import (loaded on first use: see ``services.faces``):
 ``record_coder_job`` (a training generation job's candidates as one rollout group), ``record_group``
