@@ -33,8 +33,9 @@ from services.clients.base import JobTimeout
 from services.db.models import RolloutGroup
 from services.db.session import session_scope
 from services.llm.chat import Message, Sampling
-from services.schemas.coder import KernelRequest, KernelResult, ScoringIn, ServingModel
+from services.schemas.coder import KernelRequest, KernelResult, ScoringIn
 from services.schemas.proposer import FrontierOut, ProposeRequest
+from services.schemas.serving import ServingModel
 from trainer.coder_rl import CoderTrainer, StepReport
 from trainer.config import LoopConfig
 from trainer.intake import coder_samples
