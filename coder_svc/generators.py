@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Literal, cast
 
-import structlog
-
 from coder_svc.drafts import KernelBackend, KernelDraft, KernelGenerator
 from coder_svc.prompts import kernel_messages, system_prompt_for
 from services.config import Settings, get_settings
 from services.llm.chat import ChatModel, Sampling, SwitchableChatModel
 from services.llm.extract import extract_code
 from services.llm.factory import build_chat_model
-from services.llm.openai_chat import ModelBackendError
+from services.llm.switching import switch_chat_model
 
 GeneratorKind = Literal["template", "openai", "hf"]
-log = structlog.get_logger(__name__)
 
 
 class LLMKernelGenerator:
@@ -61,28 +58,14 @@ class LLMKernelGenerator:
 
 
 def switch_model(generator: KernelGenerator, name: str, adapter_path: str | None = None, *, keep: int | None = None) -> None:
-    """Serve ``name`` from now on: a LoRA adapter loaded from ``adapter_path`` under that name, or
-    (no path) a model or adapter the backend already serves. The template generator has no model.
-    Of the adapters this generator loaded, the ``keep`` latest stay loaded (the served one among
-    them) and older ones are unloaded (``KZ_CODER_ADAPTERS_KEPT``; None: all stay)."""
+    """Serve ``name`` from now on (``services.llm.switching``): a LoRA adapter loaded from
+    ``adapter_path`` under that name, or (no path) a model or adapter the backend already serves; of
+    the adapters this generator loaded, the ``keep`` latest stay loaded (``KZ_CODER_ADAPTERS_KEPT``).
+    The template generator has no model."""
     if not isinstance(generator, LLMKernelGenerator):
         raise ValueError(f"generator {generator.name!r} serves no model to switch")
     chat_model = cast(SwitchableChatModel, generator.chat_model)  # both LLM backends are
-    loaded = generator.loaded_adapters
-    if adapter_path is not None:
-        chat_model.load_adapter(name, adapter_path)
-        loaded[:] = [*(n for n in loaded if n != name), name]
-    chat_model.use_model(name)
-    while keep is not None and len(loaded) > keep:
-        oldest = loaded.pop(0)
-        try:
-            chat_model.unload_adapter(oldest)
-        except KeyError:  # not loaded here
-            pass
-        except ModelBackendError as exc:
-            if exc.status not in (400, 404):  # not "already gone" (another worker sharing the server unloaded it)
-                raise
-            log.info("coder.adapter_already_unloaded", adapter=oldest, reason=str(exc)[:200])
+    switch_chat_model(chat_model, generator.loaded_adapters, name, adapter_path, keep=keep)
 
 
 def build_generator(kind: GeneratorKind | None = None, settings: Settings | None = None) -> KernelGenerator:

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, HTTPException, Response
 
 from coder_svc import service
 from services.api.waiting import job_after_wait
-from services.auth import require_admin_key, require_api_key
+from services.auth import require_api_key
 from services.queue.jobs import JobNotFound
-from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+from services.schemas.coder import KernelRequest, KernelResponse
 
 router = APIRouter(tags=["coder"], dependencies=[Depends(require_api_key)])
 
@@ -27,14 +27,3 @@ def read_kernel(job_id: str) -> KernelResponse:
         return service.kernel_response(service.generation_job(job_id))
     except JobNotFound:
         raise HTTPException(404, f"no kernel job with id {job_id}") from None
-
-
-@router.get("/admin/model", response_model=ServingModel)
-def read_serving_model() -> ServingModel:
-    return service.serving_model()
-
-
-@router.post("/admin/model", response_model=ServingModel, dependencies=[Depends(require_admin_key)])
-def switch_serving_model(switch: ModelSwitch) -> ServingModel:
-    """Switch the serving model or LoRA adapter (admin key); workers apply it at their next job, no restart."""
-    return service.switch_model(switch)

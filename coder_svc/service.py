@@ -1,40 +1,35 @@
-"""The Coder service's logic behind its routes and its Celery job: submit, generate, score, persist, switch models."""
+"""The Coder service's logic behind its routes and its Celery job: submit, generate, score, persist, follow
+the serving model version (switched through ``services.api.routes_serving``)."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from coder_svc.best_of_n import RewardServiceScorer, best_of_n
 from coder_svc.drafts import KernelGenerator
 from services.clients.reward import RewardClient
 from services.config import Settings, get_settings
-from services.db.models import Candidate, Job, ModelVersion, Score
+from services.db.models import Candidate, Job, Score
+from services.db.serving import Role, ServingVersion, serving_version
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
 from services.llm.chat import Sampling
 from services.queue.jobs import JobNotFound, get_job, submit_job
 from services.queue.names import GENERATE_TASK, GENERATION
-from services.schemas.coder import (
-    KernelRequest,
-    KernelResponse,
-    KernelResult,
-    ModelBackend,
-    ModelSwitch,
-    ServingModel,
-)
+from services.schemas.coder import KernelRequest, KernelResponse, KernelResult
 from services.schemas.reward import ScoreOptions
+from services.schemas.serving import ModelBackend
 
 log = structlog.get_logger(__name__)
 
 TASK_ORIGIN = "coder-request"
-CODER_ROLE = "coder"
+CODER_ROLE: Role = "coder"
 
 
 # --- jobs -----------------------------------------------------------------------------------
@@ -43,7 +38,7 @@ CODER_ROLE = "coder"
 def submit(request: KernelRequest) -> Job:
     """Queue a generation. The serving model version is part of the input: the same module asked
     again after a model switch is a new job, asked again under the same model is the same job."""
-    version = serving_version()
+    version = serving_version(CODER_ROLE)
     payload = {**request.model_dump(exclude={"wait_s"}), "serving_version": version.id if version else None}
     return submit_job(GENERATE_TASK, payload, GENERATION)
 
@@ -72,7 +67,7 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     # Leave a minute before Celery's soft limit, so a slow reward job ends as ScoringFailed, not a kill.
     deadline = time.monotonic() + settings.task_soft_time_limit_s - 60
     kind: ModelBackend = request.model_backend or settings.coder_model_backend
-    version = serving_version()  # read at the start of every job: an admin switch reaches the next job
+    version = serving_version(CODER_ROLE)  # read at the start of every job: an admin switch reaches the next job
     generator = generators.get(kind, version)
     ensure_task(request.module, TASK_ORIGIN)  # first, so the reward service files its candidates under this origin
     sampling = sampling_for(request.n, request.sampling, settings)
@@ -130,84 +125,6 @@ def link_candidates(result: KernelResult, coder_job_id: str) -> None:
 
 
 # --- serving model --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServingVersion:
-    id: str
-    name: str
-    base_model: str | None
-    adapter_path: str | None
-
-
-def serving_version() -> ServingVersion | None:
-    with session_scope() as session:
-        row = session.scalars(
-            select(ModelVersion)
-            .where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
-            .order_by(ModelVersion.created_at.desc())
-        ).first()
-        return ServingVersion(row.id, row.name, row.base_model, row.adapter_path) if row else None
-
-
-def switch_model(switch: ModelSwitch) -> ServingModel:
-    """Make this version the only one serving (recorded once: switching back to a version, or again to
-    the same one, keeps its record and id); workers pick it up at their next job."""
-    with session_scope() as session:
-        session.execute(update(ModelVersion).where(ModelVersion.role == CODER_ROLE).values(serving=False))
-        row = session.scalars(
-            select(ModelVersion).where(
-                ModelVersion.role == CODER_ROLE,
-                ModelVersion.name == switch.name,
-                ModelVersion.base_model.is_not_distinct_from(switch.base_model),
-                ModelVersion.adapter_path.is_not_distinct_from(switch.adapter_path),
-            )
-        ).first()
-        if row is None:
-            row = ModelVersion(role=CODER_ROLE, name=switch.name, base_model=switch.base_model, adapter_path=switch.adapter_path)
-            session.add(row)
-        row.serving = True
-        session.flush()
-        log.info("coder.model_switched", version=row.id, name=row.name, adapter=row.adapter_path)
-        return ServingModel(
-            id=row.id,
-            name=row.name,
-            base_model=row.base_model,
-            adapter_path=row.adapter_path,
-            backend=get_settings().coder_model_backend,
-            created_at=row.created_at,
-        )
-
-
-def serving_model() -> ServingModel:
-    settings = get_settings()
-    with session_scope() as session:
-        row = session.scalars(
-            select(ModelVersion)
-            .where(ModelVersion.role == CODER_ROLE, ModelVersion.serving.is_(True))
-            .order_by(ModelVersion.created_at.desc())
-        ).first()
-        if row is not None:
-            return ServingModel(
-                id=row.id,
-                name=row.name,
-                base_model=row.base_model,
-                adapter_path=row.adapter_path,
-                backend=settings.coder_model_backend,
-                created_at=row.created_at,
-            )
-    return ServingModel(
-        name=configured_model_name(settings),
-        backend=settings.coder_model_backend,
-        adapter_path=str(settings.coder_lora_path) if settings.coder_lora_path else None,
-    )
-
-
-def configured_model_name(settings: Settings) -> str:
-    configured = {"template": "template", "openai": settings.coder_model, "hf": settings.coder_hf_model_path}[
-        settings.coder_model_backend
-    ]
-    return str(configured) if configured else "(the endpoint's first model)"
 
 
 class GeneratorCache:

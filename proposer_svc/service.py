@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 
 from proposer_svc.catalog import CATALOG
 from proposer_svc.compose.base import Composer, ProposalHints, ProposedModule
+from proposer_svc.composer_model import composer_chat_model
 from proposer_svc.frontier import (
     POOL_STATUSES,
     FrontierConfig,
@@ -125,11 +126,10 @@ def build_composer(name: ComposerName, settings: Settings) -> Composer:
 
         return ProgrammaticComposer()
     from proposer_svc.compose.llm import LLMComposer
-    from services.llm.factory import build_chat_model
 
     backend = settings.coder_model_backend
     assert backend != "template", "check_composer refused the llm composer without a model"
-    return LLMComposer(build_chat_model(backend, settings))
+    return LLMComposer(composer_chat_model(backend, settings))
 
 
 def compose_modules(

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from reward_svc import group_advantages
-from trainer.policy import PolicyTrainer
 from trainer.config import CoderRLConfig
+from trainer.policy import PolicyTrainer
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
 PROMPT = "<|user|>\nwrite a kernel<|end|>\n<|assistant|>\n"

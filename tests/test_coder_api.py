@@ -13,8 +13,9 @@ from reward_cases import RELU_REFERENCE
 from services.clients import CoderClient, RewardClient
 from services.db.models import Candidate, ModelVersion, Score, Task
 from services.db.session import session_scope
-from services.schemas.coder import KernelRequest, ModelSwitch
+from services.schemas.coder import KernelRequest
 from services.schemas.reward import ScoreOptions
+from services.schemas.serving import ModelSwitch
 from tiny_lm import build_lora, build_tiny_lm
 
 

@@ -12,8 +12,8 @@ import torch
 
 from reward_svc import group_advantages
 from tiny_lm import build_tiny_lm
-from trainer.policy import OPTIMIZER_FILE, PolicyTrainer
 from trainer.config import CoderRLConfig
+from trainer.policy import OPTIMIZER_FILE, PolicyTrainer
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
 PROMPTS = ["<|user|>\nwrite a kernel<|end|>\n<|assistant|>\n", "<|user|>\nfuse two ops<|end|>\n<|assistant|>\n"]

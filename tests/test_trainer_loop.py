@@ -28,7 +28,8 @@ from services.db.models import Job, ModelVersion, RolloutGroup
 from services.db.session import session_scope
 from services.db.tasks import ensure_task
 from services.queue.names import GENERATE_TASK, TRAIN_ROUND_TASK
-from services.schemas.coder import KernelRequest, ServingModel
+from services.schemas.coder import KernelRequest
+from services.schemas.serving import ServingModel
 from services.schemas.trainer import RunOut
 from tiny_lm import build_replying_lm, build_tiny_lm
 from trainer.config import LoopConfig

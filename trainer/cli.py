@@ -127,7 +127,9 @@ def run(
     config: Path = typer.Option(..., "--config", exists=True, dir_okay=False, help="LoopConfig as YAML or JSON (coder: ...)."),
     rounds: int | None = typer.Option(None, "--rounds", help="Rounds of the loop (overrides the file)."),
     coder_steps: int | None = typer.Option(None, "--coder-steps", help="N: the Coder's optimizer steps per round."),
-    proposer_steps: int | None = typer.Option(None, "--proposer-steps", help="M: the Proposer's optimizer steps per round (needs proposer: in the file)."),
+    proposer_steps: int | None = typer.Option(
+        None, "--proposer-steps", help="M: the Proposer's optimizer steps per round (needs proposer: in the file)."
+    ),
     model_path: Path | None = typer.Option(None, "--model-path", help="The Coder's base model (overrides coder.model_path)."),
     out: Path | None = typer.Option(None, "--out", file_okay=False, help="Run directory; default: the data dir's runs/<id>."),
 ) -> None:

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from services.llm.chat import Message, Sampling
-from services.schemas.coder import KernelRequest, ScoringIn, ServingModel
+from services.schemas.coder import KernelRequest, ScoringIn
 from services.schemas.proposer import FrontierOut, ProposeRequest
+from services.schemas.serving import ServingModel
 from trainer.config import LoopConfig
 from trainer.intake import coder_samples
 from trainer.policy import PolicyTrainer, StepReport

@@ -24,8 +24,9 @@ from typing import Any, Final
 from proposer_svc import FrontierConfig, frontier_reward
 from services.clients import ProposerClient
 from services.llm.chat import Sampling
-from services.schemas.coder import KernelRequest, ModelSwitch, ScoringIn, ServingModel
+from services.schemas.coder import KernelRequest, ScoringIn
 from services.schemas.proposer import ProposeRequest, ProposeSummary
+from services.schemas.serving import ModelSwitch, ServingModel
 from trainer.config import LoopConfig, ProposerRLConfig
 from trainer.intake import pass_rate, proposer_samples
 from trainer.policy import PolicyTrainer, StepReport

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.db.models import ModelVersion
-from services.schemas.coder import ModelSwitch, ServingModel
+from services.schemas.serving import ModelSwitch, ServingModel
 
 VERSION_DIR = re.compile(r"^(?P<role>[a-z]+)-v(?P<number>\d+)$")
 # In a version's directory: what published it (a run's round, ``loop.claim_key``), written before the

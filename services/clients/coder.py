@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from services.clients.base import JobTimeout, ServiceClient
-from services.schemas.coder import KernelRequest, KernelResponse, ModelSwitch, ServingModel
+from services.clients.base import JobTimeout
+from services.clients.serving import ModelServingClient
+from services.schemas.coder import KernelRequest, KernelResponse
 from services.schemas.jobs import FINISHED
 
 
-class CoderClient(ServiceClient):
+class CoderClient(ModelServingClient):
     service = "coder"
     route_wait_s: float = 20.0  # as in the reward client: hold the connection briefly, then poll
 
@@ -25,9 +26,3 @@ class CoderClient(ServiceClient):
 
     def kernel(self, job_id: str) -> KernelResponse:
         return KernelResponse.model_validate(self.request("GET", f"/v1/kernels/{job_id}").json())
-
-    def serving_model(self) -> ServingModel:
-        return ServingModel.model_validate(self.request("GET", "/v1/admin/model").json())
-
-    def switch_model(self, switch: ModelSwitch) -> ServingModel:
-        return ServingModel.model_validate(self.request("POST", "/v1/admin/model", json=switch.model_dump()).json())

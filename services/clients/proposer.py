@@ -1,17 +1,18 @@
-"""Client of the proposer service: propose a round of tasks, read the pool and the frontier."""
+"""Client of the proposer service: propose a round of tasks, read the pool and the frontier, switch the
+model its llm composer serves."""
 
 from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from services.clients.base import ServiceClient
+from services.clients.serving import ModelServingClient
 from services.schemas.jobs import FINISHED
 from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage
 
 ROUTE_WAIT_S = 20.0  # the route holds a request at most this long; longer waits poll the job
 
 
-class ProposerClient(ServiceClient):
+class ProposerClient(ModelServingClient):
     service = "proposer"
 
     def propose(self, request: ProposeRequest, wait_s: float = 600.0) -> ProposeResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from services.config import Settings, get_settings
+from services.schemas.serving import ServingModel
 
 if TYPE_CHECKING:
     from services.llm.hf_local import HFChatModel
@@ -35,3 +36,16 @@ def build_chat_model(kind: ChatKind, settings: Settings | None = None) -> OpenAI
 
         return HFChatModel(settings.coder_hf_model_path, settings.coder_lora_path)
     raise ValueError(f"unknown chat model backend {kind!r}; expected openai or hf")
+
+
+def configured_model(settings: Settings) -> ServingModel:
+    """What the settings serve before any version is switched to (``id`` None); the template backend
+    serves no model and is named ``template``."""
+    configured = {"template": "template", "openai": settings.coder_model, "hf": settings.coder_hf_model_path}[
+        settings.coder_model_backend
+    ]
+    return ServingModel(
+        name=str(configured) if configured else "(the endpoint's first model)",
+        backend=settings.coder_model_backend,
+        adapter_path=str(settings.coder_lora_path) if settings.coder_lora_path else None,
+    )

@@ -1,17 +1,17 @@
-"""Coder API schemas: ask for a kernel, read the best one with every candidate's verdict, switch the model."""
+"""Coder API schemas: ask for a kernel, read the best one with every candidate's verdict (switching the
+model: ``services.schemas.serving``)."""
 
 from __future__ import annotations
 
 import ast
-from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from services.llm.chat import SampledTokens, Sampling
 from services.schemas.reward import MAX_SOURCE_CHARS, ScoredVerdict
+from services.schemas.serving import ModelBackend
 
-ModelBackend = Literal["template", "openai", "hf"]
 KernelBackendName = Literal["cuda", "triton"]
 
 
@@ -88,26 +88,3 @@ class KernelResponse(BaseModel):
     job_status: str
     result: KernelResult | None = None
     error: str | None = None
-
-
-class ModelSwitch(BaseModel):
-    """What the Coder serves next: a model, or a LoRA adapter on top of one."""
-
-    name: str = Field(
-        ..., min_length=1, max_length=200, description="Served model name (OpenAI-compatible endpoints) or the adapter's name."
-    )
-    base_model: str | None = Field(
-        None, max_length=500, description="Base model name or local path; default: the configured one."
-    )
-    adapter_path: str | None = Field(None, max_length=1000, description="LoRA adapter directory, as the workers see it.")
-
-
-class ServingModel(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: str | None = Field(None, description="None while no switch was recorded: the configured model serves.")
-    name: str
-    base_model: str | None = None
-    adapter_path: str | None = None
-    backend: ModelBackend
-    created_at: datetime | None = None

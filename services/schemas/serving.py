@@ -1,0 +1,34 @@
+"""What a role serves (the Coder's kernels, the Proposer's llm composer): the admin switch to a
+model version and what ``GET /v1/admin/model`` reads back. One definition for every role."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ModelBackend = Literal["template", "openai", "hf"]
+
+
+class ModelSwitch(BaseModel):
+    """What a role serves next: a model, or a LoRA adapter on top of one."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=200, description="Served model name (OpenAI-compatible endpoints) or the adapter's name."
+    )
+    base_model: str | None = Field(
+        None, max_length=500, description="Base model name or local path; default: the configured one."
+    )
+    adapter_path: str | None = Field(None, max_length=1000, description="LoRA adapter directory, as the workers see it.")
+
+
+class ServingModel(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str | None = Field(None, description="None while no switch was recorded: the configured model serves.")
+    name: str
+    base_model: str | None = None
+    adapter_path: str | None = None
+    backend: ModelBackend
+    created_at: datetime | None = None
