@@ -16,7 +16,8 @@ from services.db.session import session_scope
 from services.schemas.coder import KernelRequest
 from services.schemas.reward import ScoreOptions
 from services.schemas.serving import ModelSwitch
-from tiny_lm import build_lora, build_tiny_lm
+from tiny_lm import build_lora
+from trainer.tiny_model import build_tiny_lm
 
 
 def test_relu_module_gets_a_verified_kernel(coder_api: str) -> None:

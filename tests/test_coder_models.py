@@ -27,7 +27,8 @@ from services.llm.factory import build_chat_model
 from services.llm.hf_local import HFChatModel
 from services.llm.openai_chat import ModelBackendError, OpenAIChatModel
 from services.llm.openai_server import create_openai_app
-from tiny_lm import build_lora, build_tiny_lm
+from tiny_lm import build_lora
+from trainer.tiny_model import build_tiny_lm
 
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write a relu kernel."}]
 GREEDY = Sampling(n=1, temperature=0.0, max_tokens=12)

@@ -29,7 +29,8 @@ from services.llm.chat import Sampling
 from services.llm.hf_local import HFChatModel
 from services.schemas.serving import ModelSwitch
 from test_proposer_compose import LLM_REPLY
-from tiny_lm import build_lora, build_tiny_lm
+from tiny_lm import build_lora
+from trainer.tiny_model import build_tiny_lm
 
 MESSAGES = [{"role": "user", "content": "Write a task."}]
 API_SET = ["torch.nn.Linear", "torch.nn.functional.gelu", "torch.logsumexp"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig, ColdStartConfig, ConfigError, LoRAConfig, load_config
+from trainer.tiny_model import build_tiny_lm
 
 
 @pytest.fixture(scope="module")

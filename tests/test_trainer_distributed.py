@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_lm import build_tiny_lm
+from trainer.tiny_model import build_tiny_lm
 
 SCRIPT = Path(__file__).with_name("distributed_step.py")
 

@@ -27,10 +27,10 @@ from services.llm.openai_chat import OpenAIChatModel
 from services.llm.openai_server import create_openai_app
 from services.schemas.coder import CandidateReport, KernelResult
 from services.schemas.reward import CAGRPOConfig, ScoredVerdict, ScoreOptions
-from tiny_lm import build_tiny_lm
 from trainer.intake import NO_CODE, coder_samples, record_coder_job
 from trainer.loss import completion_logps
 from trainer.rollouts import UNSCORED
+from trainer.tiny_model import build_tiny_lm
 
 MESSAGES = [{"role": "system", "content": "You write GPU kernels."}, {"role": "user", "content": "Write a ReLU kernel."}]
 RELU = (

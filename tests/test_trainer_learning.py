@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from reward_svc import group_advantages
-from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig
 from trainer.policy import OPTIMIZER_FILE, PolicyTrainer
 from trainer.rollouts import ClaimedGroup, ClaimedSample
+from trainer.tiny_model import build_tiny_lm
 
 PROMPTS = ["<|user|>\nwrite a kernel<|end|>\n<|assistant|>\n", "<|user|>\nfuse two ops<|end|>\n<|assistant|>\n"]
 GROUP, LENGTH, STEPS = 8, 6, 14

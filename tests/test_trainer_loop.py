@@ -7,6 +7,8 @@ serves. Also: a run refused at submission with the reason, a queued run cancelle
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,11 +33,11 @@ from services.queue.names import GENERATE_TASK, TRAIN_ROUND_TASK
 from services.schemas.coder import KernelRequest
 from services.schemas.serving import ServingModel
 from services.schemas.trainer import RunOut
-from tiny_lm import build_replying_lm, build_tiny_lm
 from trainer.config import LoopConfig
 from trainer.loop import claim_key, served_weights
 from trainer.publish import save_version, serve_version
 from trainer.runs import create_run, get_run, play_round
+from trainer.tiny_model import build_replying_lm, build_tiny_lm
 
 GROUP = 8
 
@@ -235,3 +237,43 @@ def test_a_round_whose_worker_died_after_publishing_stands(
     assert [(r.kind, r.round, r.metrics.get("recovered")) for r in run.records] == [("round", 0, True)]
     with session_scope() as session:
         assert [v.id for v in session.scalars(select(ModelVersion).where(ModelVersion.name == "coder-v1"))] == [served.id]
+
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+@pytest.mark.slow  # the README's commands as a user pastes them: a tiny Coder built offline, two rounds through the services
+def test_the_readme_loop_on_a_cpu_trains_a_tiny_coder_through_the_services(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any], free_port: Callable[[], int], tmp_path: Path
+) -> None:
+    build = re.search(r"(kernelzero train tiny-model .*?--device cpu)", README, flags=re.S)
+    loop_yaml = re.search(r"cat > tiny-loop.yaml <<'YAML'\n(.*?)\nYAML\n", README, flags=re.S)
+    assert build and loop_yaml, "the README's tiny-model command and tiny-loop.yaml"
+    (tmp_path / "tests").symlink_to(Path(__file__).resolve().parent)  # the README's paths, from the repo root
+    command = shlex.split(build.group(1).replace("\\\n", " "))
+    built = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    model = tmp_path / ".kernelzero" / "tiny-coder"
+    assert (model / "config.json").is_file() and "is task" in built.stderr
+
+    ports = {f"{service}_port": free_port() for service in ("proposer", "coder", "reward")}
+    platform_env(auth_enabled="false", reward_warm_children=1, **ports)
+    start_worker("reward")
+    start_worker("coder", coder_model_backend="hf", coder_hf_model_path=model)
+    (tmp_path / "tiny-loop.yaml").write_text(loop_yaml.group(1) + "\n")
+    with (
+        serve("reward_svc.api:app", ports["reward_port"]),
+        serve("coder_svc.api:app", ports["coder_port"]),
+        serve("proposer_svc.api:app", ports["proposer_port"]),
+    ):
+        trained = subprocess.run(
+            [sys.executable, "-m", "kernelzero", "train", "run", "--config", "tiny-loop.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "coder-v1" in trained.stderr and "coder-v2" in trained.stderr and "succeeded" in trained.stderr
+    run_dir = Path(re.findall(r"curves in (\S+curves\.png)", trained.stderr)[-1])
+    assert run_dir.stat().st_size > 0

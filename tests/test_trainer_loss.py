@@ -11,8 +11,8 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from tiny_lm import build_tiny_lm
 from trainer.loss import completion_logps, policy_loss
+from trainer.tiny_model import build_tiny_lm
 
 EPSILON_LOW, EPSILON_HIGH = 0.2, 0.28
 

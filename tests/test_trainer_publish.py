@@ -13,9 +13,9 @@ from services.clients import CoderClient
 from services.db.models import ModelVersion
 from services.db.session import session_scope
 from services.schemas.coder import KernelRequest
-from tiny_lm import build_tiny_lm
 from trainer.config import CoderRLConfig
 from trainer.publish import next_version_name, publish_version, save_version
+from trainer.tiny_model import build_tiny_lm
 
 
 def _crashing(directory: Path) -> None:

@@ -21,9 +21,9 @@ from reward_svc.evaluate import Evaluator
 from services.config import Settings
 from services.llm.hf_local import HFChatModel
 from services.schemas.reward import ScoreOptions
-from tiny_lm import build_tiny_lm
 from trainer.config import ColdStartConfig
 from trainer.sft import Trace, collect, deduplicate, read_jsonl, sft_dataset, train, verifier, write_jsonl
+from trainer.tiny_model import build_tiny_lm
 
 CPU = ScoreOptions(backend="triton", device="cpu", timeout_s=120)
 

@@ -4,9 +4,9 @@ publishing, and the alternating loop's runs.
 Its face, what other packages may import (loaded on first use: see ``services.faces``):
 ``record_coder_job`` (a training generation job's candidates as one rollout group), ``record_group``
 and ``Sample`` (write one scored group of samples for training), ``claim_groups``
-(take whole groups once, with the reasons others were dropped), ``CoderRLConfig``/``LoRAConfig``
-and ``load_config`` (a run's typed configuration), ``PolicyTrainer`` (one CA-GRPO step on claimed
-groups, and saving what it trained), ``publish_version`` (a trained version saved and served),
+(take whole groups once, with the reasons others were dropped), ``CoderRLConfig``/``ProposerRLConfig``/``LoRAConfig``
+and ``load_config`` (a run's typed configuration), ``PolicyTrainer`` (one policy step on claimed
+groups, the Coder's or the Proposer's, and saving what it trained), ``publish_version`` (a trained version saved and served),
 ``LoopConfig`` and ``submit_run`` (a run of the loop, a round per job), ``install_cli`` (``kernelzero train``).
 """
 
@@ -16,7 +16,7 @@ from services.faces import lazy_face
 
 if TYPE_CHECKING:
     from trainer.cli import install_cli
-    from trainer.config import CoderRLConfig, LoopConfig, LoRAConfig, load_config
+    from trainer.config import CoderRLConfig, LoopConfig, LoRAConfig, ProposerRLConfig, load_config
     from trainer.intake import record_coder_job
     from trainer.policy import PolicyTrainer
     from trainer.publish import publish_version
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CoderRLConfig",
     "PolicyTrainer",
+    "ProposerRLConfig",
     "LoRAConfig",
     "LoopConfig",
     "Sample",
@@ -42,6 +43,7 @@ __getattr__ = lazy_face(
     {
         "CoderRLConfig": "trainer.config",
         "PolicyTrainer": "trainer.policy",
+        "ProposerRLConfig": "trainer.config",
         "LoRAConfig": "trainer.config",
         "LoopConfig": "trainer.config",
         "Sample": "trainer.rollouts",

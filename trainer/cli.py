@@ -1,4 +1,5 @@
-"""The trainer's commands: ``kernelzero train cold-start`` (traces verified, SFT, optionally served) and
+"""The trainer's commands: ``kernelzero train cold-start`` (traces verified, SFT, optionally served),
+``kernelzero train tiny-model`` (a tiny Coder built offline, to try the loop on a CPU) and
 ``kernelzero train run`` (the alternating loop, here, through the running services)."""
 
 from __future__ import annotations
@@ -120,6 +121,46 @@ class _Bars:
 
     def advance(self) -> None:
         self.progress.advance(self.task)
+
+
+@train_app.command("tiny-model")
+def tiny_model(
+    out: Path = typer.Argument(..., file_okay=False, help="Directory the model and its tokenizer are written to."),
+    module: Path = typer.Option(..., "--module", exists=True, dir_okay=False, help="A KernelBench-format module (the task)."),
+    kernel: Path = typer.Option(..., "--kernel", exists=True, dir_okay=False, help="A correct ModelNew for it (the reply)."),
+    backend: Literal["triton", "cuda"] = typer.Option("triton", "--backend", help="The kernel's language."),
+    chance: float = typer.Option(0.4, "--chance", min=0.05, max=0.95, help="How often the model writes the kernel."),
+    device: DeviceOption = typer.Option("auto", "--device", help="Where the kernel is verified."),
+) -> None:
+    """Build a tiny Coder offline to try the loop on a CPU: a 2-layer Llama with its own tokenizer that
+    answers the Coder's prompt for the module with the kernel about --chance of the time (something
+    else otherwise), so its groups carry a signal and CA-GRPO can raise its reward. The kernel is
+    verified in the sandbox first, and the module joins the task pool (a reference task)."""
+    from coder_svc import kernel_messages, system_prompt_for
+    from reward_svc import Evaluator
+    from services.db import migrate
+    from services.db.tasks import ensure_task
+    from services.schemas.reward import ScoreOptions
+    from trainer.tiny_model import build_replying_lm
+
+    settings = get_settings()
+    task, candidate = module.read_text(), kernel.read_text()
+    with console.status("verifying the kernel in the sandbox"):
+        evaluator = Evaluator(settings)
+        try:
+            verdict = evaluator.evaluate_group(task, [candidate], ScoreOptions(backend=backend, device=device)).verdicts[0]
+        finally:
+            evaluator.close()
+    if not verdict.correct:
+        console.print(f"[red]the kernel is not correct ({verdict.status}):[/] {verdict.reason}")
+        raise typer.Exit(1)
+    with console.status("fitting the tiny model to the kernel"):
+        messages = kernel_messages(task, backend, system_prompt_for(backend, settings))
+        build_replying_lm(out, messages, f"```python\n{candidate.strip()}\n```", chance=chance)
+    migrate.upgrade()  # the pool's database, where no `kernelzero up` made it yet
+    task_id = ensure_task(task, "reference")
+    console.print(f"built {out}; {module.name} is task {task_id} in the pool. Serve it with")
+    console.print(f"  KZ_CODER_MODEL_BACKEND=hf KZ_CODER_HF_MODEL_PATH={out.resolve()} kernelzero up")
 
 
 @train_app.command("run")
