@@ -44,6 +44,7 @@ from proposer_svc.validate import ValidationOptions, ValidationResult, Validator
 from proposer_svc.validate import source_hash as normalised_hash
 from services.config import Settings, get_settings
 from services.db.models import Job, Task
+from services.db.serving import serving_version
 from services.db.session import session_scope
 from services.db.tasks import source_sha256
 from services.llm.chat import Message, Sampling
@@ -358,7 +359,8 @@ def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str
 def submit_propose(request: ProposeRequest) -> Job:
     """Queue a round (``ComposerUnavailable`` before queueing when its composer cannot run).
     Without a seed one is drawn here, so a repeated request is a new round rather than the
-    idempotent replay of the last one."""
+    idempotent replay of the last one. The llm composer's serving version is part of the input, as
+    the Coder's is of its jobs: asked again after a switch, the same request is a new job."""
     settings = get_settings()
     composer = request.backend or settings.proposer_composer
     check_composer(composer, settings)
@@ -367,6 +369,9 @@ def submit_propose(request: ProposeRequest) -> Job:
     payload = request.model_dump(exclude={"wait_s"})
     if payload["seed"] is None:
         payload["seed"] = secrets.randbelow(2**31)
+    if composer == "llm":
+        version = serving_version("proposer")
+        payload["serving_version"] = version.id if version else None
     return submit_job(PROPOSE_TASK, payload, PROPOSAL)
 
 

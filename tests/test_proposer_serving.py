@@ -191,3 +191,18 @@ def test_without_a_model_the_llm_composer_is_refused_even_with_a_version(platfor
     switch_model("proposer", ModelSwitch(name="proposer-v1", adapter_path="/store/proposer-v1"), "template")
     with pytest.raises(ComposerUnavailable, match="needs a model"):
         build_composer("llm", settings)
+
+
+def test_a_proposal_asked_again_after_a_switch_is_a_new_job(platform_env: Callable[..., Settings]) -> None:
+    """The llm composer's serving version is part of a proposal job's input, as the Coder's is of its
+    jobs: the same request under the same version is the same job, after a switch a new one."""
+    from proposer_svc.service import submit_propose
+    from services.schemas.proposer import ProposeRequest
+
+    platform_env(coder_model_backend="hf", coder_hf_model_path="/models/base")
+    request = ProposeRequest(count=2, backend="llm", group_size=4, seed=7)
+    first = submit_propose(request)
+    assert submit_propose(request).id == first.id
+    switch_model("proposer", ModelSwitch(name="proposer-v1", base_model="/models/base", adapter_path="/store/proposer-v1"), "hf")
+    after = submit_propose(request)
+    assert after.id != first.id and after.payload["serving_version"] is not None

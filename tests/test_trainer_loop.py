@@ -34,8 +34,8 @@ from services.schemas.coder import KernelRequest
 from services.schemas.serving import ServingModel
 from services.schemas.trainer import RunOut
 from trainer.config import LoopConfig
-from trainer.loop import claim_key, served_weights
-from trainer.publish import save_version, serve_version
+from trainer.loop import claim_key
+from trainer.publish import save_version, serve_version, served_weights
 from trainer.runs import create_run, get_run, play_round
 from trainer.tiny_model import build_replying_lm, build_tiny_lm
 
@@ -198,14 +198,12 @@ def test_a_run_starts_from_the_weights_the_coder_samples_with(tmp_path: Path) ->
     """A cold-start adapter (or a published whole model) being served is where training starts, so the
     policy trained is the one that sampled; with nothing published, the base model."""
     model = build_tiny_lm(tmp_path / "tiny")
-    lora = LoopConfig.model_validate(loop_config(model))
-    full = LoopConfig.model_validate(loop_config(model) | {"coder": {"model_path": str(model), "lora": None}})
     configured = ServingModel(name="tiny", backend="hf")
     adapter = ServingModel(id="v1", name="coder-v1", base_model=str(model), adapter_path=str(tmp_path / "coder-v1"), backend="hf")
     whole = ServingModel(id="v1", name="coder-v1", base_model=str(tmp_path / "coder-v1"), backend="hf")
-    assert served_weights(configured, lora) is None and served_weights(configured, full) is None
-    assert served_weights(adapter, lora) == tmp_path / "coder-v1"
-    assert served_weights(whole, full) == tmp_path / "coder-v1" and served_weights(whole, lora) is None
+    assert served_weights(configured, adapter=True) is None and served_weights(configured, adapter=False) is None
+    assert served_weights(adapter, adapter=True) == tmp_path / "coder-v1"
+    assert served_weights(whole, adapter=False) == tmp_path / "coder-v1" and served_weights(whole, adapter=True) is None
 
 
 @pytest.mark.slow  # a coder API process

@@ -34,7 +34,7 @@ from trainer.config import LoopConfig
 from trainer.intake import coder_samples
 from trainer.policy import PolicyTrainer, StepReport
 from trainer.proposer_half import ProposerOutcome, proposer_half
-from trainer.publish import publish_version, published_by, serve_version, version_path
+from trainer.publish import publish_version, published_by, serve_version, served_weights, version_path
 from trainer.records import RunRecorder
 from trainer.rollouts import UNSCORED, Sample, claim_groups, record_group
 from trainer.round_context import Cancelled, LoopError, Progress, Quiet, Services, await_kernel, claim_key, release_claims
@@ -59,16 +59,6 @@ class Generated:
     correct: int = 0
     rewards: list[float] = field(default_factory=list)
     speed_paid_groups: int = 0  # groups where some reward went past 1: the CA-GRPO speed term paid
-
-
-def served_weights(serving: ServingModel, config: LoopConfig) -> Path | None:
-    """Where a run that has published nothing yet starts: the weights the Coder samples with (a
-    cold-start adapter, or a published whole model), so the policy trained is the one sampled."""
-    if config.coder.lora is not None:
-        return Path(serving.adapter_path) if serving.adapter_path else None
-    if serving.id is not None and serving.adapter_path is None and serving.base_model:
-        return Path(serving.base_model)
-    return None
 
 
 def pick_tasks(config: LoopConfig, services: Services, round_index: int) -> tuple[FrontierOut, list[tuple[str, str]]]:
@@ -252,7 +242,7 @@ def coder_half(
     trainer = PolicyTrainer(
         config.coder,
         total_steps=config.rounds * config.coder_steps,
-        resume_from=checkpoint or served_weights(serving, config),
+        resume_from=checkpoint or served_weights(serving, adapter=adapter),
         steps_done=round_index * config.coder_steps,
     )
     started = time.perf_counter()

@@ -30,7 +30,7 @@ from services.schemas.serving import ModelSwitch, ServingModel
 from trainer.config import LoopConfig, ProposerRLConfig
 from trainer.intake import pass_rate, proposer_samples
 from trainer.policy import PolicyTrainer, StepReport
-from trainer.publish import publish_version, published_by, serve_version, version_path
+from trainer.publish import publish_version, published_by, serve_version, served_weights, version_path
 from trainer.records import RunRecorder
 from trainer.rollouts import UNSCORED, claim_groups, record_group
 from trainer.round_context import Cancelled, LoopError, Progress, Services, await_kernel, release_claims
@@ -82,7 +82,7 @@ def proposer_half(
     trainer = PolicyTrainer(
         proposer,
         total_steps=config.rounds * config.proposer_steps,
-        resume_from=checkpoint or (Path(serving.adapter_path) if adapter and serving.adapter_path else None),
+        resume_from=checkpoint or served_weights(serving, adapter=adapter),
         steps_done=round_index * config.proposer_steps,
     )
 

@@ -104,3 +104,13 @@ def version_path(version: ServingModel | ModelVersion | None) -> Path | None:
         return None
     path = version.adapter_path or version.base_model
     return Path(path) if path else None
+
+
+def served_weights(serving: ServingModel, *, adapter: bool) -> Path | None:
+    """Where a run that has published nothing yet starts: the weights the role samples with (a
+    cold-start adapter, or a published whole model), so the policy trained is the one sampled."""
+    if adapter:
+        return Path(serving.adapter_path) if serving.adapter_path else None
+    if serving.id is not None and serving.adapter_path is None and serving.base_model:
+        return Path(serving.base_model)
+    return None
