@@ -13,6 +13,7 @@
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
+#   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl), EVAL_REDO
 # (statuses to evaluate again on resume, e.g. runtime_error).
@@ -60,6 +61,8 @@ for step in "$@"; do
                 --out "$RESULTS/eval" ;;
         reward)
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
+        trainer_step)
+            python3 benchmarks/trainer_step.py --size 0.5b --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
         *)
             echo "gpu_run: unknown step $step" >&2; exit 2 ;;
     esac

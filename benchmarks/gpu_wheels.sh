@@ -4,6 +4,8 @@
 # project's own dependencies that are not in that image, at the versions .venv holds, as CPython
 # 3.12 manylinux wheels, and Debian's bubblewrap for the sandbox. benchmarks/gpu_env.sh installs
 # them there. The image already has torch, triton, numpy, httpx, typer, rich, psutil, matplotlib.
+# With --trainer, also what the trainer's GPU figures need (TRL and datasets, for
+# benchmarks/trainer_step.py; pyarrow alone is about 40 MB of the 64 MiB a call carries).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -11,6 +13,8 @@ MISSING_THERE=(pydantic pydantic-core pydantic-settings annotated-types typing-i
     sqlalchemy greenlet alembic mako celery kombu billiard vine amqp click-didyoumean click-plugins click-repl
     prompt-toolkit wcwidth tzdata tzlocal redis fastapi annotated-doc opentelemetry-api starlette uvicorn structlog
     prometheus-fastapi-instrumentator)
+
+[ "${1:-}" = --trainer ] && MISSING_THERE+=(trl datasets pyarrow dill multiprocess xxhash fsspec peft)
 
 pins=()
 for name in "${MISSING_THERE[@]}"; do  # those .venv lacks are optional there too (greenlet, tzdata on some systems)

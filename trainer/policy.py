@@ -3,9 +3,10 @@ Proposer's GRPO: they differ only in their rewards), through accelerate (one pro
 DeepSpeed, as its config says) on a Hugging Face causal LM, LoRA through peft or every weight.
 
 The rollouts were sampled elsewhere (the Coder's or the Proposer's queue, vLLM) and scored; this
-step re-tokenises nothing it was given as ids, computes the policy's log-probabilities before the
-update (``old``: the ratio's denominator) and during it, and weighs each token by the truncated
-ratio to the sampler's own log-probabilities where the sampler reported them.
+step re-tokenises nothing it was given as ids and weighs each token by the truncated ratio to the
+sampler's own log-probabilities where the sampler reported them. Each claimed batch makes one
+update, so the clipped ratio's denominator is the policy's own log-probabilities, detached (TRL's
+``num_iterations=1``): no second forward pass computes them.
 """
 
 from __future__ import annotations
@@ -178,19 +179,19 @@ class PolicyTrainer:
         step_tokens = float(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), reduction="sum"))
         step_tokens /= self.accelerator.num_processes  # each process divides its sum; the gradients' mean restores it
         self.model.train()
-        with torch.no_grad():
-            for batch in batches:
-                batch["old_logps"] = self._logps(self.model, batch)
-                if self.reference is not None:
+        if self.reference is not None:
+            with torch.no_grad():
+                for batch in batches:
                     batch["ref_logps"] = self._logps(self.reference, batch)
         loss_total, clip, weights, kls = 0.0, [], [], []
         for i, batch in enumerate(batches):
             # gradients are averaged across processes once, on the last micro-batch
             with self.accelerator.no_sync(self.model) if i < len(batches) - 1 else contextlib.nullcontext():
                 with self.accelerator.autocast():
+                    logps = self._logps(self.model, batch)
                     out = policy_loss(
-                        self._logps(self.model, batch),
-                        batch["old_logps"],
+                        logps,
+                        logps.detach(),  # one update per claimed batch: the policy before it is this one
                         batch["advantages"],
                         batch["completion_mask"],
                         epsilon_low=config.epsilon_low,
@@ -202,7 +203,7 @@ class PolicyTrainer:
                         beta=config.beta,
                     )
                 self.accelerator.backward(out.loss)
-            loss_total += float(out.loss)
+            loss_total += float(out.loss.detach())
             clip.append(out.clip_fraction)
             if out.importance_weight is not None:
                 weights.append(out.importance_weight)

@@ -28,9 +28,13 @@ CORPUS = [
 
 def build_tiny_lm(directory: Path, vocab_size: int = 400, seed: int = 0) -> Path:
     """Save a tokenizer and a random 2-layer Llama under ``directory``; return it."""
-    tokenizer = _save_tokenizer(directory, CORPUS * 4, vocab_size, split_words=True)
-    _random_llama(tokenizer, seed, max_positions=8192).save_pretrained(directory)
+    _random_llama(build_tokenizer(directory, vocab_size), seed, max_positions=8192).save_pretrained(directory)
     return directory
+
+
+def build_tokenizer(directory: Path, vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE on a few lines of kernel code, with the chat template, saved under ``directory``."""
+    return _save_tokenizer(directory, CORPUS * 4, vocab_size, split_words=True)
 
 
 def _save_tokenizer(directory: Path, corpus: list[str], vocab_size: int, *, split_words: bool) -> PreTrainedTokenizerFast:
