@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from proposer_svc import service
+from services.api.quota import charge
+from services.api.strict_json import StrictJSONRoute
 from services.api.waiting import job_after_wait
 from services.auth import require_api_key
 from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeResponse, ProposeSummary, TaskOut, TaskPage, TaskStatus
 
-router = APIRouter(tags=["proposer"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["proposer"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
 @router.post("/tasks/propose", response_model=ProposeResponse, responses={202: {"model": ProposeResponse}})
-def propose(request: ProposeRequest, response: Response) -> ProposeResponse:
+def propose(request: ProposeRequest, response: Response, http: Request) -> ProposeResponse:
     """Queue a proposal round. Waits up to ``wait_s`` for its summary (200), else answers 202 with the job id."""
+    charge(http, "proposed_modules", request.count * request.group_size)
     try:
         submitted = service.submit_propose(request)
     except service.ComposerUnavailable as exc:
@@ -29,7 +32,7 @@ def list_tasks(
     status: TaskStatus | None = Query(None, description="valid, rejected, reference or pending"),
     origin: str | None = Query(None, max_length=50, description="composer, llm:<model>, external"),
     limit: int = Query(50, ge=1, le=500),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, lt=2**63, description="Tasks skipped; the database's integers are 64-bit."),
 ) -> TaskPage:
     return service.list_tasks(status, origin, limit, offset)
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import UTC, datetime
+from typing import cast
 
-from fastapi import Depends, HTTPException, status
+from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 
@@ -60,8 +61,14 @@ def is_valid_key(plaintext: str) -> bool:
     return active_key(plaintext) is not None
 
 
-def _presented_key(bearer: HTTPAuthorizationCredentials | None, header_key: str | None) -> ApiKey:
-    presented = (bearer.credentials if bearer else None) or header_key
+async def presented_key(request: Request) -> str | None:
+    """The key a request carries in ``Authorization: Bearer`` or ``X-API-Key``, read from its headers alone."""
+    bearer = await _bearer(request)
+    return (bearer.credentials if bearer else None) or await _header(request)
+
+
+def authenticate(presented: str | None) -> ApiKey:
+    """The active key ``presented`` names, else 401."""
     if not presented:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'")
     key = active_key(presented)
@@ -70,21 +77,31 @@ def _presented_key(bearer: HTTPAuthorizationCredentials | None, header_key: str 
     return key
 
 
+def _caller_key(request: Request, bearer: HTTPAuthorizationCredentials | None, header_key: str | None) -> ApiKey:
+    # The key gate (services.api.key_gate) checked it before the body was read; an app without the gate checks it here.
+    key = getattr(request.state, "api_key", None)
+    if key is None:
+        key = request.state.api_key = authenticate((bearer.credentials if bearer else None) or header_key)
+    return cast(ApiKey, key)
+
+
 def require_api_key(
+    request: Request,
     bearer: HTTPAuthorizationCredentials | None = Depends(_bearer),
     header_key: str | None = Depends(_header),
 ) -> None:
     """FastAPI dependency: a valid key in ``Authorization: Bearer`` or ``X-API-Key``."""
     if get_settings().auth_enabled:
-        _presented_key(bearer, header_key)
+        _caller_key(request, bearer, header_key)
 
 
 def require_admin_key(
+    request: Request,
     bearer: HTTPAuthorizationCredentials | None = Depends(_bearer),
     header_key: str | None = Depends(_header),
 ) -> None:
     """FastAPI dependency: a valid key that is also an admin key."""
-    if get_settings().auth_enabled and not _presented_key(bearer, header_key).admin:
+    if get_settings().auth_enabled and not _caller_key(request, bearer, header_key).admin:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, "this route needs an admin API key (kernelzero apikey create NAME --admin)"
         )

@@ -22,6 +22,25 @@ class Settings(BaseSettings):
     auth_enabled: bool = Field(default=True, description="Deployments keep this on; local mode may turn it off.")
     api_key: SecretStr | None = Field(default=None, description="Key the HTTP clients send; else read from data_dir/api-key.")
     host: str = "127.0.0.1"
+    max_request_bytes: int = Field(
+        default=64 << 20,
+        ge=0,
+        description="Largest request body a service reads; a larger one is answered 413 before it is read. The largest "
+        "real body is a scoring group: 64 candidates and a reference of up to 200,000 characters each, which JSON "
+        "escapes can make 5 bytes a character.",
+    )
+    quota_window_s: float = Field(
+        default=3600.0, gt=0, description="The quotas' period: each key's bucket refills its whole quota over this time."
+    )
+    quota_proposed_modules: int = Field(
+        default=5000, ge=0, description="Modules (count x group_size) one key may have proposed per window; 0: no limit."
+    )
+    quota_kernel_candidates: int = Field(
+        default=20000, ge=0, description="Kernel candidates (n) one key may have generated per window; 0: no limit."
+    )
+    quota_scored_candidates: int = Field(
+        default=20000, ge=0, description="Candidates one key may have scored per window; 0: no limit."
+    )
     proposer_port: int = 8101
     coder_port: int = 8102
     reward_port: int = 8103

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from services.schemas.numbers import StrictFiniteFloat
 from services.schemas.reward import CAGRPOConfig
 
 
@@ -24,9 +25,9 @@ class ConfigError(ValueError):
 class LoRAConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    r: int = Field(16, ge=1, le=1024, description="Rank of the adapter's matrices.")
-    alpha: int = Field(32, ge=1, description="Scale of the adapter's update (alpha / r multiplies it).")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    r: StrictInt = Field(16, ge=1, le=1024, description="Rank of the adapter's matrices.")
+    alpha: StrictInt = Field(32, ge=1, description="Scale of the adapter's update (alpha / r multiplies it).")
+    dropout: StrictFiniteFloat = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names the adapter wraps (suffixes, as peft matches them), or every linear layer."
     )
@@ -56,28 +57,30 @@ class PolicyRLConfig(BaseModel):
 
     model_path: Path = Field(..., description="Local Hugging Face model directory of the served base model.")
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
-    learning_rate: float = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
+    learning_rate: StrictFiniteFloat = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
-    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
-    group_size: int = Field(8, ge=2, le=64, description="G: samples per prompt; advantages are relative within a group.")
-    groups_per_step: int = Field(4, ge=1, description="Groups (prompts) per optimizer step.")
-    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass (gradients accumulate over a step).")
-    epsilon_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio (1 - ε_low).")
-    epsilon_high: float = Field(0.28, gt=0, description="Upper clip (1 + ε_high); DAPO's clip-higher: 0.28.")
-    importance_cap: float | None = Field(
+    warmup_steps: StrictInt = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
+    weight_decay: StrictFiniteFloat = Field(0.0, ge=0)
+    max_grad_norm: StrictFiniteFloat = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
+    group_size: StrictInt = Field(8, ge=2, le=64, description="G: samples per prompt; advantages are relative within a group.")
+    groups_per_step: StrictInt = Field(4, ge=1, description="Groups (prompts) per optimizer step.")
+    micro_batch_size: StrictInt = Field(
+        4, ge=1, description="Sequences per forward/backward pass (gradients accumulate over a step)."
+    )
+    epsilon_low: StrictFiniteFloat = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio (1 - ε_low).")
+    epsilon_high: StrictFiniteFloat = Field(0.28, gt=0, description="Upper clip (1 + ε_high); DAPO's clip-higher: 0.28.")
+    importance_cap: StrictFiniteFloat | None = Field(
         3.0, gt=1, description="Truncation of the importance weight against the sampler's log-probs."
     )
-    beta: float = Field(0.0, ge=0, description="Weight of the KL to the reference (initial) model; 0 turns it off.")
-    temperature: float = Field(
+    beta: StrictFiniteFloat = Field(0.0, ge=0, description="Weight of the KL to the reference (initial) model; 0 turns it off.")
+    temperature: StrictFiniteFloat = Field(
         1.0, gt=0, description="The sampling temperature: logits are divided by it, as the sampler's were."
     )
-    max_staleness: int = Field(2, description="K: groups generated more than K model versions ago are dropped.")
-    max_prompt_tokens: int = Field(4096, ge=1)
-    max_completion_tokens: int = Field(4096, ge=1)
+    max_staleness: StrictInt = Field(2, description="K: groups generated more than K model versions ago are dropped.")
+    max_prompt_tokens: StrictInt = Field(4096, ge=1)
+    max_completion_tokens: StrictInt = Field(4096, ge=1)
     bf16: bool | None = Field(None, description="bf16 autocast; None: on where a GPU is.")
-    seed: int = Field(0, ge=0)
+    seed: StrictInt = Field(0, ge=0, lt=2**32, description="numpy, which transformers seeds too, takes 32-bit seeds.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -106,15 +109,15 @@ class ProposerRLConfig(PolicyRLConfig):
     it half the time); a module that is declined, rejected by validation or already in the pool earns
     ``invalid_penalty`` (ρ)."""
 
-    invalid_penalty: float = Field(-0.5, le=0, description="ρ: the reward of a module that is not a valid new task.")
-    coder_samples: int = Field(
+    invalid_penalty: StrictFiniteFloat = Field(-0.5, le=0, description="ρ: the reward of a module that is not a valid new task.")
+    coder_samples: StrictInt = Field(
         8, ge=1, le=64, description="k: the Coder's candidates per valid module, whose correct fraction is p."
     )
     frontier_shape: Literal["linear", "gaussian"] = Field("linear", description="The frontier reward's shape over p.")
-    frontier_width: float = Field(0.2, gt=0, description="Standard deviation of the gaussian shape.")
-    difficulty: float = Field(0.5, ge=0, le=1, description="The difficulty hint of the Proposer's prompt.")
-    max_ops: int = Field(6, ge=1, le=32, description="The operation bound of the Proposer's prompt.")
-    max_completion_tokens: int = Field(2048, ge=1)
+    frontier_width: StrictFiniteFloat = Field(0.2, gt=0, description="Standard deviation of the gaussian shape.")
+    difficulty: StrictFiniteFloat = Field(0.5, ge=0, le=1, description="The difficulty hint of the Proposer's prompt.")
+    max_ops: StrictInt = Field(6, ge=1, le=32, description="The operation bound of the Proposer's prompt.")
+    max_completion_tokens: StrictInt = Field(2048, ge=1)
 
 
 class ColdStartConfig(BaseModel):
@@ -125,14 +128,14 @@ class ColdStartConfig(BaseModel):
 
     model_path: Path = Field(..., description="Local Hugging Face model directory of the Coder's base model.")
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
-    learning_rate: float = Field(2e-5, gt=0, le=1, description="Peak learning rate.")
-    epochs: float = Field(2.0, gt=0, description="Passes over the traces.")
-    max_steps: int = Field(-1, ge=-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
-    batch_size: int = Field(4, ge=1, description="Traces per device per forward/backward pass.")
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    max_length: int = Field(8192, ge=16, description="Prompt and completion tokens kept per trace (longer ones are cut).")
+    learning_rate: StrictFiniteFloat = Field(2e-5, gt=0, le=1, description="Peak learning rate.")
+    epochs: StrictFiniteFloat = Field(2.0, gt=0, description="Passes over the traces.")
+    max_steps: StrictInt = Field(-1, ge=-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
+    batch_size: StrictInt = Field(4, ge=1, description="Traces per device per forward/backward pass.")
+    gradient_accumulation_steps: StrictInt = Field(1, ge=1)
+    max_length: StrictInt = Field(8192, ge=16, description="Prompt and completion tokens kept per trace (longer ones are cut).")
     bf16: bool | None = Field(None, description="bf16; None: on where a GPU is.")
-    seed: int = Field(0, ge=0)
+    seed: StrictInt = Field(0, ge=0, lt=2**32, description="numpy, which transformers seeds too, takes 32-bit seeds.")
 
     @model_validator(mode="after")
     def _steps(self) -> ColdStartConfig:
@@ -158,24 +161,26 @@ class LoopConfig(BaseModel):
     proposer: ProposerRLConfig | None = Field(
         None, description="The Proposer's GRPO settings (its model_path is the Proposer's base model); needed for proposer_steps."
     )
-    rounds: int = Field(1, ge=1, le=10_000, description="Rounds of the loop.")
-    coder_steps: int = Field(20, ge=1, description="N: the Coder's optimizer steps per round.")
-    proposer_steps: int = Field(0, ge=0, description="M: the Proposer's optimizer steps per round (0: it is not trained).")
-    tasks_per_round: int | None = Field(
+    rounds: StrictInt = Field(1, ge=1, le=10_000, description="Rounds of the loop.")
+    coder_steps: StrictInt = Field(20, ge=1, description="N: the Coder's optimizer steps per round.")
+    proposer_steps: StrictInt = Field(0, ge=0, description="M: the Proposer's optimizer steps per round (0: it is not trained).")
+    tasks_per_round: StrictInt | None = Field(
         None, ge=1, description="Tasks the frontier picks per round; default: coder_steps x groups_per_step (one group each)."
     )
-    propose_per_round: int = Field(0, ge=0, le=500, description="New modules the Proposer composes and validates per round.")
+    propose_per_round: StrictInt = Field(
+        0, ge=0, le=500, description="New modules the Proposer composes and validates per round."
+    )
     composer: Literal["composer", "llm"] | None = Field(None, description="Who composes them; default: the service's.")
     backend: Literal["triton", "cuda"] = Field("triton", description="Kernel language the Coder writes.")
     model_backend: Literal["hf", "openai"] | None = Field(
         None, description="Which of the Coder service's model backends samples; default: the one it serves."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the reward service checks the candidates.")
-    scoring_timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
-    max_tokens: int = Field(4096, ge=1, le=65536, description="Longest reply sampled.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 samples the policy the loss assumes.")
-    generation_timeout_s: float = Field(3600.0, gt=0, description="How long one task's generation job may take.")
-    seed: int = Field(0, ge=0, description="Sampling seeds derive from it, the round and the task.")
+    scoring_timeout_s: StrictFiniteFloat = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
+    max_tokens: StrictInt = Field(4096, ge=1, le=65536, description="Longest reply sampled.")
+    top_p: StrictFiniteFloat = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1 samples the policy the loss assumes.")
+    generation_timeout_s: StrictFiniteFloat = Field(3600.0, gt=0, description="How long one task's generation job may take.")
+    seed: StrictInt = Field(0, ge=0, lt=2**32, description="Sampling seeds derive from it, the round and the task.")
 
     @model_validator(mode="after")
     def _buildable(self) -> LoopConfig:

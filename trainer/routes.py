@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from services.api.strict_json import StrictJSONRoute
 from services.auth import require_api_key
 from services.schemas.trainer import RunOut
 from trainer import runs
 from trainer.config import ConfigError, LoopConfig
 
-router = APIRouter(tags=["trainer"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["trainer"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
 @router.post("/runs", response_model=RunOut, status_code=201)

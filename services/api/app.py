@@ -8,10 +8,13 @@ from collections.abc import Awaitable, Callable
 import redis
 import structlog
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from services.api.key_gate import KeyGate
 from services.api.routes_jobs import jobs_router
+from services.api.validation_errors import validation_error_answer
 from services.config import get_settings
 from services.db.session import ping_database
 from services.logs import configure_logging
@@ -38,7 +41,14 @@ def readiness() -> Readiness:
 
 def create_service_app(service: str, *routers: APIRouter, description: str = "") -> FastAPI:
     configure_logging(service)
-    app = FastAPI(title=f"KernelZero {service} service", version="0.1.0", description=description)
+    app = FastAPI(
+        title=f"KernelZero {service} service",
+        version="0.1.0",
+        description=description,
+        max_body_size=get_settings().max_request_bytes,
+        exception_handlers={RequestValidationError: validation_error_answer},
+    )
+    app.add_middleware(KeyGate)  # inside request_id (added after it), so its 401s carry a request id
 
     @app.middleware("http")
     async def request_id(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

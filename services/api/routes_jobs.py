@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from services.api.strict_json import StrictJSONRoute
 from services.auth import require_api_key
 from services.config import get_settings
 from services.queue.jobs import JobNotFound, get_job, submit_job
@@ -12,7 +13,7 @@ from services.schemas.jobs import JobOut, ProbeIn
 
 
 def jobs_router(service: str) -> APIRouter:
-    router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
+    router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
     @router.get("/jobs/{job_id}", response_model=JobOut)
     def read_job(job_id: str) -> JobOut:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from services.api.strict_json import StrictJSONRoute
 from services.auth import require_admin_key, require_api_key
 from services.config import get_settings
 from services.db.serving import Role, serving_model, switch_model
@@ -14,7 +15,7 @@ from services.schemas.serving import ModelSwitch, ServingModel
 
 
 def serving_router(role: Role) -> APIRouter:
-    router = APIRouter(tags=["serving"], dependencies=[Depends(require_api_key)])
+    router = APIRouter(tags=["serving"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
     @router.get("/admin/model", response_model=ServingModel)
     def read_serving_model() -> ServingModel:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from services.schemas.numbers import StrictFiniteFloat
 
 Message = dict[str, str]
 
@@ -18,11 +20,11 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    n: int = Field(1, ge=0, le=64)
-    temperature: float = Field(0.7, ge=0, le=2)
-    top_p: float = Field(0.95, gt=0, le=1)
-    max_tokens: int = Field(4096, ge=1, le=65536)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    n: StrictInt = Field(1, ge=0, le=64)
+    temperature: StrictFiniteFloat = Field(0.7, ge=0, le=2)
+    top_p: StrictFiniteFloat = Field(0.95, gt=0, le=1)
+    max_tokens: StrictInt = Field(4096, ge=1, le=65536)
+    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
     logprobs: bool = Field(
         False,
         description="Also return each reply's prompt text, token ids and the sampler's log-probabilities "

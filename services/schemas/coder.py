@@ -6,9 +6,10 @@ from __future__ import annotations
 import ast
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator
 
 from services.llm.chat import SampledTokens, Sampling
+from services.schemas.numbers import StrictFiniteFloat
 from services.schemas.reward import MAX_SOURCE_CHARS, ScoredVerdict
 from services.schemas.serving import ModelBackend
 
@@ -19,8 +20,8 @@ class ScoringIn(BaseModel):
     """How the reward service checks the candidates (the kernel backend comes from the request)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    trials: int = Field(3, ge=1, le=20)
-    timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
+    trials: StrictInt = Field(3, ge=1, le=20)
+    timeout_s: StrictFiniteFloat = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
     measure_speed: bool = True
 
 
@@ -29,8 +30,10 @@ class KernelRequest(BaseModel):
         ..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench module: Model, get_inputs, get_init_inputs."
     )
     backend: KernelBackendName = "triton"
-    n: int = Field(4, ge=1, le=64, description="Candidates to generate; the best verified one is returned.")
-    wait_s: float = Field(60.0, ge=0, le=600, description="How long to wait for the result before answering with the job id.")
+    n: StrictInt = Field(4, ge=1, le=64, description="Candidates to generate; the best verified one is returned.")
+    wait_s: StrictFiniteFloat = Field(
+        60.0, ge=0, le=600, description="How long to wait for the result before answering with the job id."
+    )
     model_backend: ModelBackend | None = Field(None, description="Override the service's model backend for this request.")
     sampling: Sampling = Field(Sampling(), description="Fields left out take the service's defaults; n is the request's.")
     scoring: ScoringIn = ScoringIn()

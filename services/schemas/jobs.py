@@ -5,6 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.schemas.numbers import StrictFiniteFloat
+
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed")
 
@@ -28,7 +30,7 @@ class ProbeIn(BaseModel):
     """A diagnostic job: proves the service's queue and worker are alive."""
 
     token: str = Field(description="Any string; the same token is the same job (idempotent).", max_length=200)
-    sleep_s: float = Field(default=0.0, ge=0, le=600)
+    sleep_s: StrictFiniteFloat = Field(default=0.0, ge=0, le=600)
 
 
 class Readiness(BaseModel):

@@ -5,34 +5,45 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from services.llm.chat import Message, SampledTokens
+from services.schemas.numbers import StrictFiniteFloat
 
 ComposerName = Literal["composer", "llm"]
 TaskStatus = Literal["pending", "valid", "rejected", "reference"]
 
 
 class ProposeRequest(BaseModel):
-    count: int = Field(..., ge=1, le=500, description="Modules to propose (each is validated; rejected ones are stored too).")
+    count: StrictInt = Field(
+        ..., ge=1, le=500, description="Modules to propose (each is validated; rejected ones are stored too)."
+    )
     backend: ComposerName | None = Field(
         None, description="Who composes: the programmatic composer or the LLM; default KZ_PROPOSER_COMPOSER."
     )
-    difficulty: float = Field(0.5, ge=0, le=1, description="0: few ops, small tensors .. 1: long chains, larger tensors.")
-    max_ops: int = Field(6, ge=1, le=32, description="Upper bound on operations per module.")
-    api_set_size: int | None = Field(None, ge=1, le=16, description="APIs sampled per module; default KZ_PROPOSER_API_SET_SIZE.")
+    difficulty: StrictFiniteFloat = Field(
+        0.5, ge=0, le=1, description="0: few ops, small tensors .. 1: long chains, larger tensors."
+    )
+    max_ops: StrictInt = Field(6, ge=1, le=32, description="Upper bound on operations per module.")
+    api_set_size: StrictInt | None = Field(
+        None, ge=1, le=16, description="APIs sampled per module; default KZ_PROPOSER_API_SET_SIZE."
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where validation runs the modules.")
-    group_size: int = Field(
+    group_size: StrictInt = Field(
         1,
         ge=1,
         le=64,
         description="Modules sampled from each API set's prompt (the llm composer). Above 1, each API set is a Proposer RL "
         "group: count API sets, group_size samples each, every sample kept as drawn (no retry), with its reply's tokens.",
     )
-    temperature: float | None = Field(None, ge=0, le=2, description="The llm composer's sampling temperature; default 0.8.")
-    max_tokens: int | None = Field(None, ge=1, le=65536, description="The llm composer's longest reply; default 2048.")
-    seed: int | None = Field(None, ge=0, description="Same seed, same request: same job. None draws a fresh seed.")
-    wait_s: float = Field(0.0, ge=0, le=600, description="How long to wait for the job before answering with its id.")
+    temperature: StrictFiniteFloat | None = Field(
+        None, ge=0, le=2, description="The llm composer's sampling temperature; default 0.8."
+    )
+    max_tokens: StrictInt | None = Field(None, ge=1, le=65536, description="The llm composer's longest reply; default 2048.")
+    seed: StrictInt | None = Field(
+        None, ge=0, lt=2**63, description="Same seed, same request: same job. None draws a fresh seed."
+    )
+    wait_s: StrictFiniteFloat = Field(0.0, ge=0, le=600, description="How long to wait for the job before answering with its id.")
 
 
 class SampledReply(BaseModel):

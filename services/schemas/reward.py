@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, computed_field
 from pydantic.dataclasses import dataclass
+
+from services.schemas.numbers import StrictFiniteFloat
 
 MAX_SOURCE_CHARS = 200_000
 VerdictStatus = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unverified"]
@@ -44,17 +46,19 @@ class CAGRPOConfig(BaseModel):
     ablations are ``"never"`` and ``"always"``). The source's own form is ``speed_score="speedup"``
     (``S_i`` the speedup itself, optionally capped) with ``speed_weight=0.1``."""
 
-    threshold: float = Field(0.5, ge=0, le=1, description="α: group correct fraction from which speed counts.")
-    speed_weight: float = Field(0.5, ge=0, description="β (λ): weight of the speed score.")
+    threshold: StrictFiniteFloat = Field(0.5, ge=0, le=1, description="α: group correct fraction from which speed counts.")
+    speed_weight: StrictFiniteFloat = Field(0.5, ge=0, description="β (λ): weight of the speed score.")
     speed_score: Literal["log_speedup", "rank", "speedup"] = Field(
         "log_speedup", description="S_i: clipped log-speedup (scaled to ±1), rank among the correct (1 fastest), or the speedup."
     )
     speed_reward: Literal["threshold", "never", "always"] = Field(
         "threshold", description="When speed is rewarded: from the threshold on (CA-GRPO), never, or from the start."
     )
-    log_clip: float = Field(1.0, gt=0, description="log-speedup is clipped to ±this, then divided by it.")
-    speedup_cap: float | None = Field(None, gt=0, description="speed_score='speedup': S_i is capped at this (None: not capped).")
-    eps: float = Field(1e-6, gt=0, description="Added to the group's reward deviation before dividing by it.")
+    log_clip: StrictFiniteFloat = Field(1.0, gt=0, description="log-speedup is clipped to ±this, then divided by it.")
+    speedup_cap: StrictFiniteFloat | None = Field(
+        None, gt=0, description="speed_score='speedup': S_i is capped at this (None: not capped)."
+    )
+    eps: StrictFiniteFloat = Field(1e-6, gt=0, description="Added to the group's reward deviation before dividing by it.")
 
 
 class ScoreOptions(BaseModel):
@@ -62,13 +66,15 @@ class ScoreOptions(BaseModel):
 
     backend: Literal["cuda", "triton"] = "triton"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    trials: int = Field(3, ge=1, le=20, description="Correctness trials, each with fresh secret inputs.")
-    atol: float | None = Field(None, gt=0, description="Default: KernelBench's (fp32 1e-4, fp16/bf16 1e-2).")
-    rtol: float | None = Field(None, gt=0)
-    timeout_s: float = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
+    trials: StrictInt = Field(3, ge=1, le=20, description="Correctness trials, each with fresh secret inputs.")
+    atol: StrictFiniteFloat | None = Field(None, gt=0, description="Default: KernelBench's (fp32 1e-4, fp16/bf16 1e-2).")
+    rtol: StrictFiniteFloat | None = Field(None, gt=0)
+    timeout_s: StrictFiniteFloat = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
     measure_speed: bool = True
     time_compiled: bool = Field(False, description="Also time the reference under torch.compile.")
-    timing_budget_s: float = Field(10.0, gt=0, le=600, description="GPU timing: how long each side's timed calls may take.")
+    timing_budget_s: StrictFiniteFloat = Field(
+        10.0, gt=0, le=600, description="GPU timing: how long each side's timed calls may take."
+    )
 
 
 class ScoreRequest(BaseModel):
@@ -77,7 +83,9 @@ class ScoreRequest(BaseModel):
     )
     candidate: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench candidate: ModelNew.")
     options: ScoreOptions = ScoreOptions()
-    wait_s: float = Field(60.0, ge=0, le=600, description="How long to wait for the verdict before answering with the job id.")
+    wait_s: StrictFiniteFloat = Field(
+        60.0, ge=0, le=600, description="How long to wait for the verdict before answering with the job id."
+    )
 
 
 class GroupScoreRequest(BaseModel):
@@ -85,7 +93,7 @@ class GroupScoreRequest(BaseModel):
     candidates: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(..., min_length=1, max_length=64)
     options: ScoreOptions = ScoreOptions()
     ca_grpo: CAGRPOConfig = CAGRPOConfig()
-    wait_s: float = Field(60.0, ge=0, le=600)
+    wait_s: StrictFiniteFloat = Field(60.0, ge=0, le=600)
 
 
 @dataclass
