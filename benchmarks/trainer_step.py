@@ -233,7 +233,14 @@ def main() -> None:
     Console().print(table)
     ratio = medians["trl"] / medians["ours"]
     print(f"TRL's step time / ours: {ratio:.2f} (above 1: ours is faster)")
-    record = {**vars(args), "out": str(args.out), "model_dir": str(model_dir), "completion_tokens_in_step": tokens, "seconds": results, "ratio": ratio}
+    record = {
+        **vars(args),
+        "out": str(args.out),
+        "model_dir": str(model_dir),
+        "completion_tokens_in_step": tokens,
+        "seconds": results,
+        "ratio": ratio,
+    }
     (args.out / "trainer_step.json").write_text(json.dumps(record, indent=2))
 
 

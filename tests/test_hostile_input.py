@@ -125,6 +125,12 @@ def test_a_burst_over_the_quota_is_429_with_retry_after_per_key_and_the_bucket_r
     assert score(first, 1) == 202
 
 
+def test_a_quota_whose_store_does_not_answer_is_503_with_the_reason(kz_env: Callable[..., Settings], free_port) -> None:  # type: ignore[no-untyped-def]
+    kz_env(auth_enabled="false", redis_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    answer = client().post("/v1/score/group", json={"reference": "r", "candidates": ["c"], "wait_s": 0})
+    assert answer.status_code == 503 and "quota store (Redis) does not answer" in answer.json()["detail"]
+
+
 def upload(url: str, headers: dict[str, str], size: int, *, chunked: bool) -> tuple[int, int]:
     """POST a body of ``size`` bytes, MB by MB, until the server answers (given two seconds to answer from the
     headers alone): its status and the bytes sent by then."""

@@ -56,9 +56,11 @@ def charge(request: Request, quota: Quota, cost: int) -> None:
     if not capacity:
         return
     rate = capacity / settings.quota_window_s
-    wait = float(
-        _bucket_script(settings.redis_url)(keys=[f"kernelzero:quota:{quota}:{caller(request)}"], args=[capacity, rate, cost])
-    )
+    bucket = f"kernelzero:quota:{quota}:{caller(request)}"
+    try:
+        wait = float(_bucket_script(settings.redis_url)(keys=[bucket], args=[capacity, rate, cost]))
+    except redis.RedisError as exc:  # the job could not be queued either: not ready, say why
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the quota store (Redis) does not answer: {exc}") from None
     if wait > 0:
         retry_after = math.ceil(wait)
         raise HTTPException(
