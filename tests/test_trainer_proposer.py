@@ -21,16 +21,23 @@ from proposer_svc.mining import directory_corpus, mine, save_stats
 from proposer_svc.service import propose
 from reward_cases import CORRECT, RELU_REFERENCE
 from servers import serve
-from services.clients import ProposerClient, TrainerClient
+from services.clients import CoderClient, ProposerClient, TrainerClient
 from services.config import Settings
-from services.db.models import RolloutGroup, Task
+from services.db.models import Job, RolloutGroup, Task
 from services.db.session import session_scope
 from services.db.tasks import ensure_task
 from services.llm.chat import SampledTokens
+from services.queue.names import PROPOSE_TASK
 from services.schemas.proposer import ProposalOut, ProposeRequest, ProposeSummary, SampledReply
+from trainer.config import LoopConfig
 from trainer.intake import proposer_samples
+from trainer.proposer_half import half_key, proposer_half
+from trainer.publish import save_version
+from trainer.records import RunRecorder, run_records
 from trainer.rollouts import UNSCORED
-from trainer.tiny_model import build_replying_lm
+from trainer.round_context import Quiet, Services, claim_key
+from trainer.runs import create_run
+from trainer.tiny_model import build_replying_lm, build_tiny_lm
 
 TANH_MODULE = """import torch
 import torch.nn as nn
@@ -236,3 +243,32 @@ def test_a_round_trains_and_publishes_the_proposer_after_the_coder(
     assert (serving.name, serving.id) == ("proposer-v1", run.proposer_version_id)
     assert after.result is not None and after.job_status == "succeeded"
     assert after.result.proposals[0].status in ("exists", "declined")  # its module again, or no module: nothing new
+
+
+@pytest.mark.slow  # a proposer API process
+def test_a_proposer_half_whose_worker_died_after_publishing_stands(
+    platform_env: Callable[..., Settings], free_port: Callable[[], int], tmp_path: Path
+) -> None:
+    """The half is delivered again after its worker published proposer-v1 and died before the run
+    recorded it: it finds that version (its origin file), serves it again and records the half as
+    recovered, sampling nothing and training nothing."""
+    model = build_tiny_lm(tmp_path / "tiny")
+    port = free_port()
+    platform_env(auth_enabled="false", proposer_port=port, coder_model_backend="hf")
+    config = LoopConfig.model_validate(
+        {"coder": {"model_path": str(model)}, "proposer": {"model_path": str(model)}, "coder_steps": 1, "proposer_steps": 1}
+    )
+    run_id = create_run(config, tmp_path / "run")
+    key = claim_key(run_id, 0)
+    store = tmp_path / "models"
+    published = save_version(lambda d: d.mkdir(parents=True), store, "proposer", origin=half_key(key))
+    with serve("proposer_svc.api:app", port), ProposerClient() as proposer, CoderClient() as coder:
+        outcome = proposer_half(
+            config, key, 0, None, Services(proposer, coder), store, RunRecorder(run_id, tmp_path / "run"), Quiet(), lambda: False
+        )
+        serving = proposer.serving_model()
+    assert outcome.path == published and outcome.published is not None
+    assert outcome.published.name == serving.name == "proposer-v1" and serving.adapter_path == str(published)
+    assert [(r.kind, r.role, r.metrics.get("recovered")) for r in run_records(run_id)] == [("round", "proposer", True)]
+    with session_scope() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.kind == PROPOSE_TASK)) == 0
