@@ -14,6 +14,7 @@
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
 #   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch
+#   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl), EVAL_REDO
 # (statuses to evaluate again on resume, e.g. runtime_error).
@@ -63,6 +64,9 @@ for step in "$@"; do
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
         trainer_step)
             python3 benchmarks/trainer_step.py --size 0.5b --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
+        loop)
+            [ "$arg" = loop ] && arg=4
+            timeout -s INT -k 30 "$limit" bash benchmarks/loop_gpu.sh "$RESULTS/loop" "$arg" ;;
         *)
             echo "gpu_run: unknown step $step" >&2; exit 2 ;;
     esac

@@ -4,8 +4,9 @@
 # project's own dependencies that are not in that image, at the versions .venv holds, as CPython
 # 3.12 manylinux wheels, and Debian's bubblewrap for the sandbox. benchmarks/gpu_env.sh installs
 # them there. The image already has torch, triton, numpy, httpx, typer, rich, psutil, matplotlib.
-# With --trainer, also what the trainer's GPU figures need (TRL and datasets, for
-# benchmarks/trainer_step.py; pyarrow alone is about 40 MB of the 64 MiB a call carries).
+# With --trainer, also what the trainer's GPU figures need: TRL and datasets, for
+# benchmarks/trainer_step.py (the image's pyarrow, xxhash and peft serve them: pyarrow's wheel, 55 MB,
+# would not fit the 64 MiB a call carries), and Debian's Redis, for the loop's rounds (benchmarks/loop_gpu.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,7 +15,11 @@ MISSING_THERE=(pydantic pydantic-core pydantic-settings annotated-types typing-i
     prompt-toolkit wcwidth tzdata tzlocal redis fastapi annotated-doc opentelemetry-api starlette uvicorn structlog
     prometheus-fastapi-instrumentator)
 
-[ "${1:-}" = --trainer ] && MISSING_THERE+=(trl datasets pyarrow dill multiprocess xxhash fsspec peft)
+debs=(bubblewrap)
+if [ "${1:-}" = --trainer ]; then
+    MISSING_THERE+=(trl datasets dill multiprocess fsspec)
+    debs+=(redis-server redis-tools liblzf1 libjemalloc2 libatomic1)
+fi
 
 pins=()
 for name in "${MISSING_THERE[@]}"; do  # those .venv lacks are optional there too (greenlet, tzdata on some systems)
@@ -30,5 +35,5 @@ for tag in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 many
 done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" -d .whl "${pins[@]}"
-(cd .whl && apt-get download bubblewrap 2>/dev/null)
+(cd .whl && apt-get download "${debs[@]}" 2>/dev/null)
 echo "gpu_wheels: $(ls .whl | wc -l) files in .whl ($(du -sh .whl | cut -f1)); carry .whl and source benchmarks/gpu_env.sh there"

@@ -15,7 +15,7 @@ from coder_svc.drafts import KernelBackend, KernelDraft, KernelGenerator
 from reward_svc import Evaluator, score_group
 from services.clients.reward import RewardClient
 from services.llm.chat import Sampling
-from services.schemas.coder import CandidateReport, KernelResult
+from services.schemas.coder import CandidateReport, JobSeconds, KernelResult
 from services.schemas.reward import GroupResult, GroupScoreRequest, ScoreOptions
 
 
@@ -137,8 +137,11 @@ def best_of_n(
     options: ScoreOptions,
 ) -> KernelResult:
     """Generate ``sampling.n`` candidates, score them, return the best verified one with every verdict."""
+    started = time.perf_counter()
     drafts = generator.generate(module_source, backend, sampling)
+    sampled = time.perf_counter()
     reports, scored = score_drafts(module_source, drafts, scorer, options)
     result = summarize(reports, backend, generator.name, scored)
     result.prompt = next((d.details["prompt"] for d in drafts if "prompt" in d.details), None)
+    result.seconds = JobSeconds(sample=sampled - started, score=time.perf_counter() - sampled)
     return result

@@ -102,6 +102,8 @@ def test_rounds_sample_score_train_publish_and_resume_after_a_sigkill(
     assert (second["sampled_with"], second["published"]) == ("coder-v1", "coder-v2")  # resumed from the first's version
     assert steps[0].metrics["samples"] == GROUP and steps[0].metrics["tokens"] > 0
     assert set(first["seconds"]) == {"propose", "generate", "train", "publish"}
+    jobs = first["generation_job_seconds"]  # the Coder's job says where its time went: sampling, then scoring
+    assert jobs["sample"] > 0 and jobs["score"] > 0 and jobs["sample"] + jobs["score"] <= first["seconds"]["generate"] * 1.05
     assert (Path(run.run_dir) / "curves.png").stat().st_size > 0
     assert len((Path(run.run_dir) / "records.jsonl").read_text().splitlines()) == 4
 

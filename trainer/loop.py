@@ -59,6 +59,8 @@ class Generated:
     correct: int = 0
     rewards: list[float] = field(default_factory=list)
     speed_paid_groups: int = 0  # groups where some reward went past 1: the CA-GRPO speed term paid
+    # Summed over the generation jobs, which run side by side: where the "generate" wall time went.
+    job_seconds: dict[str, float] = field(default_factory=lambda: {"sample": 0.0, "score": 0.0})
 
 
 def pick_tasks(config: LoopConfig, services: Services, round_index: int) -> tuple[FrontierOut, list[tuple[str, str]]]:
@@ -118,6 +120,9 @@ def generate(
         samples = coder_samples(result, render, config.coder.reward)
         record_group("coder", samples, group_id=job_id, task_id=task_id, job_id=job_id, model_version_id=result.model_version_id)
         _count(generated, samples)
+        if result.seconds is not None:
+            generated.job_seconds["sample"] += result.seconds.sample
+            generated.job_seconds["score"] += result.seconds.score
         progress.advance()
     return generated
 
@@ -309,5 +314,6 @@ def _round_metrics(
         "published": published.name if published else None,
         "published_id": published.id if published else None,
         "seconds": seconds,
+        "generation_job_seconds": generated.job_seconds,
         "finished_at": datetime.now(UTC).isoformat(),
     }

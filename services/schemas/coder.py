@@ -69,6 +69,13 @@ class CandidateReport(BaseModel):
     tokens: SampledTokens | None = Field(None, description="The reply's token ids and the sampler's log-probabilities.")
 
 
+class JobSeconds(BaseModel):
+    """Where a generation job's time went: the model writing, the reward service judging."""
+
+    sample: float = Field(description="Seconds the model took to write the candidates.")
+    score: float = Field(description="Seconds from handing the candidates to the scorer to their verdicts (0: none had code).")
+
+
 class KernelResult(BaseModel):
     correct: bool
     kernel: str | None = Field(None, description="The best verified kernel's source; None when no candidate was correct.")
@@ -84,6 +91,7 @@ class KernelResult(BaseModel):
     prompt: list[dict[str, str]] | None = Field(
         None, description="The chat messages the drafts were sampled from, once (an LLM backend; the template has none)."
     )
+    seconds: JobSeconds | None = Field(None, description="Where the job's time went.")
 
 
 class KernelResponse(BaseModel):
