@@ -34,13 +34,17 @@ def completion_logps(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Per-token log-probabilities (B, T) of the completions under ``model``, its logits divided by the
-    sampling temperature (the distribution the completions were drawn from)."""
+    sampling temperature (the distribution the completions were drawn from). Logits only for the
+    completions' positions, and TRL's log-softmax that gathers without keeping the (B, T, vocab)
+    softmax (a fused Triton kernel on a GPU), as TRL's own step computes them."""
+    from trl.trainer.utils import selective_log_softmax
+
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logits = logits[:, :-1, :][:, -width:, :] / temperature  # position t predicts token t + 1
-    return torch.gather(logits.log_softmax(dim=-1), 2, completion_ids.unsqueeze(-1)).squeeze(-1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits
+    # position t predicts token t + 1: the last position predicts nothing here
+    return selective_log_softmax(logits[:, :-1, :], completion_ids, temperature=temperature)
 
 
 def policy_loss(

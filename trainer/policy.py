@@ -15,6 +15,7 @@ import contextlib
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,8 +104,10 @@ class PolicyTrainer:
         scheduler = get_scheduler(
             config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
         )
-        for _ in range(steps_done):
-            scheduler.step()
+        with warnings.catch_warnings():  # moving the schedule to where the last version left it, before any step here
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            for _ in range(steps_done):
+                scheduler.step()
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.reference: Any = None
         if config.beta:
