@@ -212,7 +212,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--completion-tokens", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("trainer-step"), help="Where trainer_step.json goes.")

@@ -116,7 +116,7 @@ def test_the_clip_holds_only_the_side_the_advantage_pushes() -> None:
     advantages = torch.tensor([[1.0, -1.0, -1.0, 1.0]])
     out = policy_loss(logps, old, advantages, mask, epsilon_low=0.2, epsilon_high=0.28, step_tokens=4)
     out.loss.backward()
-    assert out.clip_fraction == 0.5
+    assert float(out.clip_fraction) == 0.5
     assert logps.grad is not None
     assert logps.grad[0, 0] == 0 and logps.grad[0, 1] == 0  # held
     assert logps.grad[0, 2] != 0 and logps.grad[0, 3] != 0  # free to move back toward the old policy
@@ -138,7 +138,7 @@ def test_importance_weights_are_truncated_and_the_kl_term_needs_its_reference() 
         behaviour_logps=behaviour,
         importance_cap=3.0,
     )
-    assert weighted.importance_weight == pytest.approx((1 + 3 + 2) / 3)  # exp(0 - log 0.1) = 10, truncated at 3
+    assert float(weighted.importance_weight) == pytest.approx((1 + 3 + 2) / 3)  # exp(0 - log 0.1) = 10, truncated at 3
     assert float(weighted.loss) == pytest.approx(-(1 + 3 + 2) / 3)
     with pytest.raises(ValueError, match="reference"):
         policy_loss(logps, old, torch.tensor([1.0]), mask, epsilon_low=0.2, epsilon_high=0.2, step_tokens=3, beta=0.1)
@@ -154,5 +154,5 @@ def test_importance_weights_are_truncated_and_the_kl_term_needs_its_reference() 
         ref_logps=torch.log(torch.tensor([[0.5, 1.0, 1.0]])),
     )
     expected = (0.5 - torch.log(torch.tensor(0.5)) - 1) / 3  # k3 on the first token, 0 on the others
-    assert kl.kl == pytest.approx(float(expected))
+    assert float(kl.kl) == pytest.approx(float(expected))
     assert float(kl.loss) == pytest.approx(0.5 * float(expected))

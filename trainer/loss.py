@@ -17,12 +17,14 @@ import torch
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """The loss of one micro-batch, already divided by the step's token count, and what it did."""
+    """The loss of one micro-batch, already divided by the step's token count, and what it did. The
+    figures stay on the device (0-dim tensors): a step reads them back once, not once per micro-batch,
+    which would hold the host until the device drained each time."""
 
     loss: torch.Tensor
-    clip_fraction: float  # share of the tokens whose ratio the clip held
-    kl: float | None  # mean per-token KL to the reference model, where one is used
-    importance_weight: float | None  # mean truncated importance weight, where behaviour log-probs were given
+    clip_fraction: torch.Tensor  # share of the tokens whose ratio the clip held
+    kl: torch.Tensor | None  # mean per-token KL to the reference model, where one is used
+    importance_weight: torch.Tensor | None  # mean truncated importance weight, where behaviour log-probs were given
 
 
 def completion_logps(
@@ -76,15 +78,15 @@ def policy_loss(
         weight = torch.exp(old_logps - behaviour_logps)
         weight = torch.clamp(weight, max=importance_cap) if importance_cap is not None else weight
         per_token = per_token * weight
-        importance_weight = float((weight * mask).sum() / mask.sum().clamp(min=1))
+        importance_weight = ((weight * mask).sum() / mask.sum().clamp(min=1)).detach()
     kl = None
     if beta:
         if ref_logps is None:
             raise ValueError("a KL term (beta > 0) needs the reference model's log-probabilities")
         per_token_kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
         per_token = per_token + beta * per_token_kl
-        kl = float((per_token_kl * mask).sum() / mask.sum().clamp(min=1))
+        kl = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1)).detach()
     loss = (per_token * mask).sum() / max(step_tokens, 1.0)
     held = ((ratio < 1 - epsilon_low) & (advantages < 0)) | ((ratio > 1 + epsilon_high) & (advantages > 0))
-    clip_fraction = float((held.float() * mask).sum() / mask.sum().clamp(min=1))
+    clip_fraction = ((held.float() * mask).sum() / mask.sum().clamp(min=1)).detach()
     return PolicyLoss(loss, clip_fraction, kl, importance_weight)

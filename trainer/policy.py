@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trainer.config import PolicyRLConfig, bf16_enabled
-from trainer.loss import completion_logps, policy_loss
+from trainer.loss import PolicyLoss, completion_logps, policy_loss
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
 OPTIMIZER_FILE = "optimizer.pt"  # in a published version's directory: the AdamW moments it was trained with
@@ -115,14 +115,18 @@ class PolicyTrainer:
             self.reference = self.accelerator.prepare_model(self.reference, evaluation_mode=True)
 
     # -- inputs
-    def _sequence(self, sample: ClaimedSample) -> _Sequence:
-        prompt_ids = self.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"][-self.config.max_prompt_tokens :]
+    def _sequence(self, sample: ClaimedSample, prompt_ids: list[int]) -> _Sequence:
         completion_ids = sample.completion_ids or self.tokenizer(sample.completion, add_special_tokens=False)["input_ids"]
         behaviour = sample.behaviour_logps if sample.completion_ids and sample.behaviour_logps else None
         completion_ids = completion_ids[: self.config.max_completion_tokens]
         if behaviour is not None:
             behaviour = behaviour[: len(completion_ids)] if len(behaviour) >= len(completion_ids) else None
-        return _Sequence(list(prompt_ids), list(completion_ids), behaviour, sample.advantage)
+        return _Sequence(prompt_ids, list(completion_ids), behaviour, sample.advantage)
+
+    def _prompt_ids(self, samples: list[ClaimedSample]) -> dict[str, list[int]]:
+        """Each distinct prompt tokenised once (a group's samples share theirs), its last ``max_prompt_tokens``."""
+        keep = self.config.max_prompt_tokens
+        return {p: self.tokenizer(p, add_special_tokens=False)["input_ids"][-keep:] for p in {s.prompt for s in samples}}
 
     def _batch(self, sequences: list[_Sequence]) -> dict[str, torch.Tensor]:
         """Prompts padded on the left, completions on the right, so every completion starts at one column."""
@@ -175,10 +179,11 @@ class PolicyTrainer:
         started = time.perf_counter()
         config = self.config
         samples = [s for g in groups for s in g.samples]
-        sequences = [self._sequence(s) for s in samples]
+        prompt_ids = self._prompt_ids(samples)
+        sequences = [self._sequence(s, prompt_ids[s.prompt]) for s in samples]
         size = config.micro_batch_size
         batches = [self._batch(sequences[i : i + size]) for i in range(0, len(sequences), size)]
-        tokens = sum(int(b["completion_mask"].sum()) for b in batches)
+        tokens = sum(len(s.completion_ids) for s in sequences)
         step_tokens = float(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), reduction="sum"))
         step_tokens /= self.accelerator.num_processes  # each process divides its sum; the gradients' mean restores it
         self.model.train()
@@ -186,7 +191,7 @@ class PolicyTrainer:
             with torch.no_grad():
                 for batch in batches:
                     batch["ref_logps"] = self._logps(self.reference, batch)
-        loss_total, clip, weights, kls = 0.0, [], [], []
+        outs: list[PolicyLoss] = []
         for i, batch in enumerate(batches):
             # gradients are averaged across processes once, on the last micro-batch
             with self.accelerator.no_sync(self.model) if i < len(batches) - 1 else contextlib.nullcontext():
@@ -206,20 +211,15 @@ class PolicyTrainer:
                         beta=config.beta,
                     )
                 self.accelerator.backward(out.loss)
-            loss_total += float(out.loss.detach())
-            clip.append(out.clip_fraction)
-            if out.importance_weight is not None:
-                weights.append(out.importance_weight)
-            if out.kl is not None:
-                kls.append(out.kl)
+            outs.append(replace(out, loss=out.loss.detach()))
         rewards = [s.reward for s in samples]
         # each process's loss is over the step's tokens divided among the processes: their mean is the step's
-        loss_total = float(self.accelerator.reduce(torch.tensor(loss_total, device=self.accelerator.device), reduction="mean"))
+        loss_total = float(self.accelerator.reduce(sum(o.loss for o in outs), reduction="mean")) if outs else 0.0
         return StepReport(
             loss=loss_total,
-            clip_fraction=statistics.fmean(clip) if clip else 0.0,
-            importance_weight=statistics.fmean(weights) if weights else None,
-            kl=statistics.fmean(kls) if kls else None,
+            clip_fraction=_mean([o.clip_fraction for o in outs]) or 0.0,
+            importance_weight=_mean([o.importance_weight for o in outs if o.importance_weight is not None]),
+            kl=_mean([o.kl for o in outs if o.kl is not None]),
             grad_norm=float("nan"),
             learning_rate=float(self.scheduler.get_last_lr()[0]),
             reward_mean=statistics.fmean(rewards) if rewards else 0.0,
@@ -254,3 +254,8 @@ class PolicyTrainer:
         from accelerate.utils import DistributedType
 
         return self.accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+def _mean(values: list[torch.Tensor]) -> float | None:
+    """The mean of a step's per-micro-batch figures, read back from the device once."""
+    return float(torch.stack(values).mean()) if values else None
