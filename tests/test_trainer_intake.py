@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import select
+from transformers import AutoModelForCausalLM
 
 from coder_svc.best_of_n import LocalScorer, best_of_n
 from coder_svc.generators import LLMKernelGenerator
@@ -28,7 +29,7 @@ from services.llm.openai_server import create_openai_app
 from services.schemas.coder import CandidateReport, KernelResult
 from services.schemas.reward import CAGRPOConfig, ScoredVerdict, ScoreOptions
 from trainer.intake import NO_CODE, coder_samples, record_coder_job
-from trainer.loss import completion_logps
+from trainer.loss import completion_logps, fuse_logps_head
 from trainer.rollouts import UNSCORED
 from trainer.tiny_model import build_tiny_lm
 
@@ -50,11 +51,13 @@ def hf(tiny: Path) -> HFChatModel:
 
 
 def trainer_logps(model: HFChatModel, completion: Completion, temperature: float) -> torch.Tensor:
+    """The log-probabilities the trainer computes, on its own copy of the sampler's weights."""
     assert completion.tokens is not None and completion.tokens.prompt is not None
     prompt = model.tokenizer(completion.tokens.prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     ids = torch.tensor([completion.tokens.completion_ids])
+    policy = fuse_logps_head(AutoModelForCausalLM.from_pretrained(model.model_path), temperature)
     with torch.no_grad():
-        return completion_logps(model.model, prompt, torch.ones_like(prompt), ids, torch.ones_like(ids), temperature)[0]
+        return completion_logps(policy, prompt, torch.ones_like(prompt), ids, torch.ones_like(ids))[0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -11,7 +11,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-from trainer.loss import completion_logps, policy_loss
+from trainer.loss import completion_logps, fuse_logps_head, policy_loss
 from trainer.tiny_model import build_tiny_lm
 
 EPSILON_LOW, EPSILON_HIGH = 0.2, 0.28
@@ -58,7 +58,7 @@ def ours(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor
 def test_the_loss_and_its_gradients_are_trls_dapo_loss(tiny: Path, tmp_path: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny)
+    model = fuse_logps_head(AutoModelForCausalLM.from_pretrained(tiny), 1.0)
     batch = fixed_batch(model.config.vocab_size)
     with torch.no_grad():
         current = completion_logps(

@@ -27,26 +27,34 @@ class PolicyLoss:
     importance_weight: torch.Tensor | None  # mean truncated importance weight, where behaviour log-probs were given
 
 
+def fuse_logps_head(model: Any, temperature: float) -> Any:
+    """Give ``model`` TRL's fused LM head (``add_fused_lm_head``, before PEFT wraps it), which
+    ``completion_logps`` asks for: per-token log-probabilities at ``temperature`` (the distribution
+    the completions were drawn from), projecting through the head in tiles only the positions that
+    hold a completion token, never the (batch, tokens, vocabulary) logits, as TRL's own step does.
+    Generation is unchanged."""
+    from trl.trainer import add_fused_lm_head
+
+    add_fused_lm_head(model, temperature=temperature)
+    return model
+
+
 def completion_logps(
     model: Any,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
-    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Per-token log-probabilities (B, T) of the completions under ``model``, its logits divided by the
-    sampling temperature (the distribution the completions were drawn from). Logits only for the
-    completions' positions, and TRL's log-softmax that gathers without keeping the (B, T, vocab)
-    softmax (a fused Triton kernel on a GPU), as TRL's own step computes them."""
-    from trl.trainer.utils import selective_log_softmax
-
+    """Per-token log-probabilities (B, T) of the completions under ``model`` (its head fused by
+    ``fuse_logps_head``); 0 at padding."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits
-    # position t predicts token t + 1: the last position predicts nothing here
-    return selective_log_softmax(logits[:, :-1, :], completion_ids, temperature=temperature)
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :-width] = -100  # only the completions are scored
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    return out.log_probs[:, -width:]  # position t's value is token t + 1's log-probability
 
 
 def policy_loss(

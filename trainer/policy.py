@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trainer.config import PolicyRLConfig, bf16_enabled
-from trainer.loss import PolicyLoss, completion_logps, policy_loss
+from trainer.loss import PolicyLoss, completion_logps, fuse_logps_head, policy_loss
 from trainer.rollouts import ClaimedGroup, ClaimedSample
 
 OPTIMIZER_FILE = "optimizer.pt"  # in a published version's directory: the AdamW moments it was trained with
@@ -77,6 +77,7 @@ class PolicyTrainer:
         version without them, a cold-start adapter, starts them afresh); ``steps_done`` moves the
         learning-rate schedule to where that version left it."""
         from accelerate import Accelerator
+        from accelerate.utils import DistributedType
         from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
         self.config = config
@@ -84,7 +85,7 @@ class PolicyTrainer:
         self.accelerator = accelerator or Accelerator(mixed_precision="bf16" if bf16_enabled(config.bf16) else "no")
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         full_weights = resume_from if resume_from is not None and config.lora is None else config.model_path
-        model: Any = AutoModelForCausalLM.from_pretrained(full_weights)
+        model: Any = fuse_logps_head(AutoModelForCausalLM.from_pretrained(full_weights), config.temperature)
         if config.lora is not None and resume_from is not None:
             from peft import PeftModel
 
@@ -93,8 +94,15 @@ class PolicyTrainer:
             from peft import get_peft_model
 
             model = get_peft_model(model, config.lora.to_peft())
+        # On one device or under DDP the model goes to its device first, so the optimizer can be the fused
+        # AdamW (one kernel per step); FSDP and DeepSpeed place (and shard) it themselves.
+        sharded = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+        placed_here = self.accelerator.distributed_type not in sharded
+        if placed_here:
+            model.to(self.accelerator.device)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+        fused = placed_here and self.accelerator.device.type == "cuda"
+        optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused)
         moments = resume_from / OPTIMIZER_FILE if resume_from is not None else None
         if moments is not None and moments.is_file() and self._whole_optimizer_here():
             optimizer.load_state_dict(torch.load(moments, map_location="cpu", weights_only=True))
@@ -111,7 +119,8 @@ class PolicyTrainer:
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.reference: Any = None
         if config.beta:
-            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path).eval().requires_grad_(False)
+            reference = AutoModelForCausalLM.from_pretrained(config.model_path)
+            self.reference = fuse_logps_head(reference, config.temperature).eval().requires_grad_(False)
             self.reference = self.accelerator.prepare_model(self.reference, evaluation_mode=True)
 
     # -- inputs
@@ -157,7 +166,6 @@ class PolicyTrainer:
             batch["prompt_mask"],
             batch["completion_ids"],
             batch["completion_mask"],
-            self.config.temperature,
         )
 
     # -- the step
