@@ -177,6 +177,14 @@ def test_a_process_that_keeps_dying_is_a_crash_loop_with_the_reason_and_growing_
     assert delays == ["0.05", "0.1", "0.2"]
 
 
+def test_a_restart_limit_of_zero_stops_at_the_first_death(platform_env: Callable[..., Settings]) -> None:
+    launcher, output, thread, errors = supervising(platform_env(restart_limit=0), [sys.executable, "-c", "import os; os.abort()"])
+    thread.join(20)
+    launcher.stop()
+    assert [str(e) for e in errors] == ["test-0 died (killed by SIGABRT), and KZ_RESTART_LIMIT=0 turns restarts off"]
+    assert "restarting" not in output.getvalue()
+
+
 def test_a_dead_process_is_restarted_and_what_it_forked_goes_with_it(platform_env: Callable[..., Settings]) -> None:
     settings = platform_env(restart_backoff_s=0)
     forks = (

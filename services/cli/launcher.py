@@ -2,9 +2,9 @@
 
 Every child gets its own process group, so stopping one stops what it forked (Celery's pool,
 uvicorn's workers). Ctrl-C or SIGTERM stops them all: SIGTERM, a grace period, then SIGKILL.
-Once the platform is up, a child that dies is started again after a backoff; one that dies more
-often than ``KZ_RESTART_LIMIT`` times within ``KZ_RESTART_WINDOW_S`` is a crash loop, which stops
-the platform with the reason. One ``up`` per data dir: a second is refused by a lock on it.
+Once the platform is up, a child that dies is started again after a backoff; its death after
+``KZ_RESTART_LIMIT`` restarts within ``KZ_RESTART_WINDOW_S`` is a crash loop, which stops the
+platform with the reason. One ``up`` per data dir: a second is refused by a lock on it.
 """
 
 from __future__ import annotations
@@ -294,6 +294,8 @@ class Launcher:
             window, limit = self.settings.restart_window_s, self.settings.restart_limit
             process.restarts = [t for t in process.restarts if now - t < window]
             how = _how_it_ended(code)
+            if limit == 0:
+                raise CrashLoop(f"{process.name} died ({how}), and KZ_RESTART_LIMIT=0 turns restarts off")
             if len(process.restarts) >= limit:
                 raise CrashLoop(
                     f"{process.name} crash loop: it died again ({how}) after {len(process.restarts)} restart(s) within "
@@ -322,16 +324,18 @@ class Launcher:
 
     def stop(self, grace_s: float = 15) -> None:
         self._stopping.set()
-        for process in reversed(self.processes):
+        # One waiting out its backoff is dead and its group killed already; its old pid may be anyone's now.
+        running = [process for process in self.processes if process.restart_at is None]
+        for process in reversed(running):
             _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for process in self.processes:
+        for process in running:
             assert process.popen is not None
             try:
                 process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for process in self.processes:  # the group may outlive its leader: sweep it
+        for process in running:  # the group may outlive its leader: sweep it
             _signal_group(process, signal.SIGKILL)
             assert process.popen is not None
             process.popen.wait()
