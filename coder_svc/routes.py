@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from coder_svc import service
+from services.api.errors import error_answers
 from services.api.quota import charge
 from services.api.strict_json import StrictJSONRoute
 from services.api.waiting import job_after_wait
@@ -15,7 +16,7 @@ from services.schemas.coder import KernelRequest, KernelResponse
 router = APIRouter(tags=["coder"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
-@router.post("/kernels", response_model=KernelResponse, responses={202: {"model": KernelResponse}})
+@router.post("/kernels", response_model=KernelResponse, responses={202: {"model": KernelResponse}, **error_answers(429, 503)})
 def request_kernel(request: KernelRequest, response: Response, http: Request) -> KernelResponse:
     """Best-of-n kernel for a module. Waits up to ``wait_s`` for the result, else answers 202 with the job id."""
     charge(http, "kernel_candidates", request.n)
@@ -23,7 +24,7 @@ def request_kernel(request: KernelRequest, response: Response, http: Request) ->
     return service.kernel_response(job)
 
 
-@router.get("/kernels/{job_id}", response_model=KernelResponse)
+@router.get("/kernels/{job_id}", response_model=KernelResponse, responses=error_answers(404))
 def read_kernel(job_id: str) -> KernelResponse:
     """Status, the best verified kernel with its speedup, every candidate's verdict, the model."""
     try:

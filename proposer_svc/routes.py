@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from proposer_svc import service
+from services.api.errors import error_answers
 from services.api.quota import charge
 from services.api.strict_json import StrictJSONRoute
 from services.api.waiting import job_after_wait
@@ -14,7 +15,9 @@ from services.schemas.proposer import FrontierOut, ProposeRequest, ProposeRespon
 router = APIRouter(tags=["proposer"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
-@router.post("/tasks/propose", response_model=ProposeResponse, responses={202: {"model": ProposeResponse}})
+@router.post(
+    "/tasks/propose", response_model=ProposeResponse, responses={202: {"model": ProposeResponse}, **error_answers(400, 429, 503)}
+)
 def propose(request: ProposeRequest, response: Response, http: Request) -> ProposeResponse:
     """Queue a proposal round. Waits up to ``wait_s`` for its summary (200), else answers 202 with the job id."""
     charge(http, "proposed_modules", request.count * request.group_size)
@@ -37,7 +40,7 @@ def list_tasks(
     return service.list_tasks(status, origin, limit, offset)
 
 
-@router.get("/tasks/{task_id}", response_model=TaskOut)
+@router.get("/tasks/{task_id}", response_model=TaskOut, responses=error_answers(404))
 def get_task(task_id: str) -> TaskOut:
     task = service.get_task(task_id)
     if task is None:

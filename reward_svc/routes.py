@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from reward_svc import service
+from services.api.errors import error_answers
 from services.api.quota import charge
 from services.api.strict_json import StrictJSONRoute
 from services.api.waiting import job_after_wait
@@ -14,7 +15,7 @@ from services.schemas.reward import GroupResult, GroupScoreRequest, GroupScoreRe
 router = APIRouter(tags=["reward"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
-@router.post("/score", response_model=ScoreResponse, responses={202: {"model": ScoreResponse}})
+@router.post("/score", response_model=ScoreResponse, responses={202: {"model": ScoreResponse}, **error_answers(429, 503)})
 def score(request: ScoreRequest, response: Response, http: Request) -> ScoreResponse:
     """Score one candidate. Waits up to ``wait_s`` for the verdict, else answers 202 with the job id."""
     charge(http, "scored_candidates", 1)
@@ -26,7 +27,9 @@ def score(request: ScoreRequest, response: Response, http: Request) -> ScoreResp
     return ScoreResponse(job_id=job.id, job_status=job.status, verdict=verdict, error=job.error)
 
 
-@router.post("/score/group", response_model=GroupScoreResponse, responses={202: {"model": GroupScoreResponse}})
+@router.post(
+    "/score/group", response_model=GroupScoreResponse, responses={202: {"model": GroupScoreResponse}, **error_answers(429, 503)}
+)
 def score_group(request: GroupScoreRequest, response: Response, http: Request) -> GroupScoreResponse:
     """Score G candidates for one reference: verdicts plus CA-GRPO rewards and advantages."""
     charge(http, "scored_candidates", len(request.candidates))

@@ -48,6 +48,21 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = True
 
+    # kernelzero up: a process that dies once the platform is up is started again after a backoff; one that keeps
+    # dying is a crash loop, which a restart will not mend, so `up` stops with the reason instead of spinning.
+    restart_limit: int = Field(
+        default=5,
+        ge=0,
+        description="Restarts of one process `kernelzero up` makes within restart_window_s; its next death is a crash loop, "
+        "which stops the platform with the reason (0: never restart).",
+    )
+    restart_window_s: float = Field(default=300.0, gt=0, description="The window the restart limit counts in.")
+    restart_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Wait before restarting a dead process; doubled for each restart of it within the window, up to 60 s.",
+    )
+
     # Celery reliability: a GPU job may run long; the broker must not redeliver a live job.
     task_soft_time_limit_s: int = 1800
     task_hard_time_limit_s: int = 2000

@@ -1,19 +1,65 @@
-"""HTTP apps served for real: a service's by a uvicorn process, as ``kernelzero up`` serves it (``serve``), or
-an app object by uvicorn in a thread (``serving``)."""
+"""HTTP apps served for real: the whole platform by ``kernelzero up`` (``start_up``, ``wait_until_up``), a
+service's by a uvicorn process, as ``kernelzero up`` serves it (``serve``), or an app object by uvicorn in a
+thread (``serving``)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI
+
+from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceUnreachable, TrainerClient
+from services.config import SERVICE_NAMES, Settings
+
+KERNELZERO = Path(sys.executable).with_name("kernelzero")
+CLIENTS: dict[str, type[ServiceClient]] = {
+    "proposer": ProposerClient,
+    "coder": CoderClient,
+    "reward": RewardClient,
+    "trainer": TrainerClient,
+}
+
+
+def start_up(log: Path, *, sigint_ignored: bool = False) -> subprocess.Popen[bytes]:
+    """``kernelzero up`` in the environment, its output to ``log``; ``sigint_ignored`` starts it as a script's
+    ``&`` does (a shell without job control ignores SIGINT in a background job, and the child inherits that)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(KERNELZERO), "up"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+        )
+
+
+def wait_until_up(launcher: subprocess.Popen[bytes], log: Path, settings: Settings, timeout_s: float = 120) -> None:
+    """Until every service answers its readiness check through its typed client (the key ``up`` made)."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(SERVICE_NAMES)
+    while pending:
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"kernelzero up: {sorted(pending)} not ready (exit {launcher.poll()}):\n{log.read_text()[-4000:]}")
+        if settings.api_key_file.exists():
+            for service in sorted(pending):
+                try:
+                    with CLIENTS[service]() as client:
+                        if client.readiness().ready:
+                            pending.discard(service)
+                except ServiceUnreachable:
+                    pass
+        time.sleep(0.5)
 
 
 @contextmanager

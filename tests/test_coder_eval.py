@@ -103,8 +103,9 @@ def _eval(problems: Path, out: Path, samples: int = 2) -> subprocess.Popen[str]:
         text=True,
         env=dict(os.environ),
         start_new_session=True,
-        # as from a terminal: a suite started in the background (``&``) has SIGINT ignored, which children inherit
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # as a script's ``&`` starts it: SIGINT ignored (a shell without job control does that), which the CLI
+        # must undo, or Ctrl-C and kill -INT would not reach it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 

@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,42 +19,10 @@ import psutil
 import pytest
 
 from processes import leftovers
+from servers import CLIENTS, KERNELZERO, start_up, wait_until_up
 from services.cli.launcher import run_state_path
-from services.clients import (
-    CoderClient,
-    ProposerClient,
-    RewardClient,
-    ServiceClient,
-    ServiceError,
-    ServiceUnreachable,
-    TrainerClient,
-)
+from services.clients import ServiceError, TrainerClient
 from services.config import SERVICE_NAMES, Settings
-
-KERNELZERO = Path(sys.executable).with_name("kernelzero")
-CLIENTS: dict[str, type[ServiceClient]] = {
-    "proposer": ProposerClient,
-    "coder": CoderClient,
-    "reward": RewardClient,
-    "trainer": TrainerClient,
-}
-
-
-def wait_until_ready(launcher: subprocess.Popen[bytes], log: Path, settings: Settings, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    pending = set(SERVICE_NAMES)
-    while pending:
-        if launcher.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"kernelzero up: {sorted(pending)} not ready (exit {launcher.poll()}):\n{log.read_text()[-4000:]}")
-        if settings.api_key_file.exists():
-            for service in sorted(pending):
-                try:
-                    with CLIENTS[service]() as client:
-                        if client.readiness().ready:
-                            pending.discard(service)
-                except ServiceUnreachable:
-                    pass
-        time.sleep(0.5)
 
 
 def test_kernelzero_up_serves_all_four_then_stops_clean(
@@ -68,10 +34,9 @@ def test_kernelzero_up_serves_all_four_then_stops_clean(
         **{f"{service}_port": free_port() for service in SERVICE_NAMES},
     )
     log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        launcher = subprocess.Popen([str(KERNELZERO), "up"], stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    launcher = start_up(log)
     try:
-        wait_until_ready(launcher, log, settings)
+        wait_until_up(launcher, log, settings)
         state = json.loads(run_state_path(settings).read_text())
         assert state["launcher_pid"] == launcher.pid
         assert {p["name"] for p in state["processes"]} == {f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")}

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from services.api.errors import error_answers
 from services.api.key_gate import KeyGate
 from services.api.routes_jobs import jobs_router
 from services.api.validation_errors import validation_error_answer
@@ -65,13 +66,17 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "service": service}
 
-    @app.get("/readyz", tags=["health"], response_model=Readiness)
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=Readiness,
+        responses={503: {"model": Readiness, "description": "the database or Redis does not answer"}},
+    )
     def readyz() -> JSONResponse:
         state = readiness()
         return JSONResponse(state.model_dump(), status_code=200 if state.ready else 503)
 
-    app.include_router(jobs_router(service), prefix="/v1")
-    for router in routers:
-        app.include_router(router, prefix="/v1")
+    for router in (jobs_router(service), *routers):
+        app.include_router(router, prefix="/v1", responses=error_answers(401, 413))
     Instrumentator().instrument(app).expose(app, include_in_schema=False)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from services.api.errors import error_answers
 from services.api.strict_json import StrictJSONRoute
 from services.auth import require_api_key
 from services.config import get_settings
@@ -15,7 +16,7 @@ from services.schemas.jobs import JobOut, ProbeIn
 def jobs_router(service: str) -> APIRouter:
     router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
-    @router.get("/jobs/{job_id}", response_model=JobOut)
+    @router.get("/jobs/{job_id}", response_model=JobOut, responses=error_answers(404))
     def read_job(job_id: str) -> JobOut:
         try:
             return JobOut.model_validate(get_job(job_id))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from services.api.errors import error_answers
 from services.api.strict_json import StrictJSONRoute
 from services.auth import require_admin_key, require_api_key
 from services.config import get_settings
@@ -22,7 +23,12 @@ def serving_router(role: Role) -> APIRouter:
         """The version the role serves, else the configured model (``KZ_CODER_MODEL_BACKEND`` and its settings)."""
         return serving_model(role, configured_model(get_settings()))
 
-    @router.post("/admin/model", response_model=ServingModel, dependencies=[Depends(require_admin_key)])
+    @router.post(
+        "/admin/model",
+        response_model=ServingModel,
+        dependencies=[Depends(require_admin_key)],
+        responses=error_answers(403),
+    )
     def switch_serving_model(switch: ModelSwitch) -> ServingModel:
         """Serve this model or LoRA adapter from the role's next job on (admin key); recorded once per version."""
         return switch_model(role, switch, get_settings().coder_model_backend)

@@ -16,10 +16,19 @@ import psutil
 import redis
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from services import auth
-from services.cli.launcher import Launcher, redis_answers, run_state_path
+from services.cli.launcher import (
+    AlreadyRunning,
+    Launcher,
+    PortInUse,
+    check_ports_free,
+    hold_instance_lock,
+    redis_answers,
+    run_state_path,
+)
 from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
 from services.queue.names import GENERATION, PROPOSAL, TRAINING, scoring_queues
@@ -34,6 +43,14 @@ app.add_typer(db_app, name="db")
 console = Console()
 
 
+@app.callback()
+def _interruptible() -> None:
+    # A shell without job control (a script, `sh -c`) starts a background job (`&`) with SIGINT ignored, and
+    # Python then installs no handler of its own: Ctrl-C and kill -INT would not stop `eval`, `train` or `up`.
+    # Every command here is one a person may want to stop, so each gets Python's KeyboardInterrupt back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @app.command()
 def up(
     no_auth: bool = typer.Option(False, "--no-auth", help="Turn API-key auth off (local experiments only)."),
@@ -43,6 +60,12 @@ def up(
         os.environ["KZ_AUTH_ENABLED"] = "false"
         get_settings.cache_clear()
     settings = get_settings()
+    try:
+        lock = hold_instance_lock(settings)  # held until this process ends
+        check_ports_free(settings)
+    except (AlreadyRunning, PortInUse) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from None
     console.print(f"[bold]KernelZero[/] data in {settings.data_dir}; database {settings.sqlalchemy_url.split('@')[-1]}")
     migrate.upgrade()
     if settings.auth_enabled:
@@ -68,11 +91,12 @@ def up(
         launcher.supervise()
     except (RuntimeError, TimeoutError) as exc:
         if not launcher.stopping:
-            console.print(f"[red]error:[/] {exc}")
+            console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
             exit_code = 1
     finally:
         console.print("stopping…")
         launcher.stop()
+        lock.close()
         console.print("stopped.")
     raise typer.Exit(exit_code)
 

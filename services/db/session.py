@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from services.config import get_settings
 
@@ -41,7 +41,9 @@ def get_engine() -> Engine:
 @contextmanager
 def session_scope() -> Iterator[Session]:
     """A transaction: commit on success, roll back on error."""
-    session = sessionmaker(bind=get_engine(), expire_on_commit=False)()
+    # A Session, not a sessionmaker per call: each sessionmaker makes a Session subclass, and SQLAlchemy sets up
+    # event dispatch for every new class (under load on the reward API that was a fifth of its CPU).
+    session = Session(bind=get_engine(), expire_on_commit=False)
     try:
         yield session
         session.commit()

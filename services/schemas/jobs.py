@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.schemas.numbers import StrictFiniteFloat
+from services.schemas.times import UTCDatetime
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed")
@@ -21,9 +21,9 @@ class JobOut(BaseModel):
     attempts: int
     result: dict[str, Any] | None = None
     error: str | None = None
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    created_at: UTCDatetime
+    started_at: UTCDatetime | None = None
+    finished_at: UTCDatetime | None = None
 
 
 class ProbeIn(BaseModel):

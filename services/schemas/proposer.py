@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from services.llm.chat import Message, SampledTokens
 from services.schemas.numbers import StrictFiniteFloat
+from services.schemas.times import UTCDatetime
 
 ComposerName = Literal["composer", "llm"]
 TaskStatus = Literal["pending", "valid", "rejected", "reference"]
@@ -104,7 +104,7 @@ class TaskOut(BaseModel):
     reason: str | None = None
     graph_hash: str | None = None
     details: dict[str, Any] | None = None
-    created_at: datetime
+    created_at: UTCDatetime
 
 
 class TaskPage(BaseModel):

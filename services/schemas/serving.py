@@ -3,10 +3,11 @@ model version and what ``GET /v1/admin/model`` reads back. One definition for ev
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.schemas.times import UTCDatetime
 
 ModelBackend = Literal["template", "openai", "hf"]
 
@@ -31,4 +32,4 @@ class ServingModel(BaseModel):
     base_model: str | None = None
     adapter_path: str | None = None
     backend: ModelBackend
-    created_at: datetime | None = None
+    created_at: UTCDatetime | None = None

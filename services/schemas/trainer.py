@@ -5,10 +5,11 @@ travels as the mapping it was stored as, so the shared layer needs nothing of th
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.schemas.times import UTCDatetime
 
 RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -35,7 +36,7 @@ class RunOut(BaseModel):
     proposer_version_id: str | None = Field(None, description="The Proposer version the run published last.")
     cancel_requested: bool
     error: str | None = None
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    created_at: UTCDatetime
+    started_at: UTCDatetime | None = None
+    finished_at: UTCDatetime | None = None
     records: list[RecordOut] = Field(default_factory=list)
