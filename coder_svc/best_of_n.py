@@ -138,7 +138,19 @@ def best_of_n(
 ) -> KernelResult:
     """Generate ``sampling.n`` candidates, score them, return the best verified one with every verdict."""
     drafts = generator.generate(module_source, backend, sampling)
+    return best_of_drafts(drafts, module_source, backend, generator.name, scorer, options)
+
+
+def best_of_drafts(
+    drafts: list[KernelDraft],
+    module_source: str,
+    backend: KernelBackend,
+    generator_name: str,
+    scorer: Scorer,
+    options: ScoreOptions,
+) -> KernelResult:
+    """Score drafts already generated (the Coder's job keeps them for its next attempt), pick the best."""
     reports, scored = score_drafts(module_source, drafts, scorer, options)
-    result = summarize(reports, backend, generator.name, scored)
+    result = summarize(reports, backend, generator_name, scored)
     result.prompt = next((d.details["prompt"] for d in drafts if "prompt" in d.details), None)
     return result
