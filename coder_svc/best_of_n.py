@@ -139,9 +139,24 @@ def best_of_n(
     """Generate ``sampling.n`` candidates, score them, return the best verified one with every verdict."""
     started = time.perf_counter()
     drafts = generator.generate(module_source, backend, sampling)
-    sampled = time.perf_counter()
+    sampled = time.perf_counter() - started
+    return best_of_drafts(drafts, module_source, backend, generator.name, scorer, options, sample_seconds=sampled)
+
+
+def best_of_drafts(
+    drafts: list[KernelDraft],
+    module_source: str,
+    backend: KernelBackend,
+    generator_name: str,
+    scorer: Scorer,
+    options: ScoreOptions,
+    sample_seconds: float = 0.0,
+) -> KernelResult:
+    """Score drafts already generated (the Coder's job keeps them for its next attempt), pick the best;
+    ``sample_seconds``: what drawing them took, for the result's account of its time."""
+    started = time.perf_counter()
     reports, scored = score_drafts(module_source, drafts, scorer, options)
-    result = summarize(reports, backend, generator.name, scored)
+    result = summarize(reports, backend, generator_name, scored)
     result.prompt = next((d.details["prompt"] for d in drafts if "prompt" in d.details), None)
-    result.seconds = JobSeconds(sample=sampled - started, score=time.perf_counter() - sampled)
+    result.seconds = JobSeconds(sample=sample_seconds, score=time.perf_counter() - started)
     return result

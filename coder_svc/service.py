@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import TypeAdapter
 from sqlalchemy import select
 
-from coder_svc.best_of_n import RewardServiceScorer, best_of_n
-from coder_svc.drafts import KernelGenerator
+from coder_svc.best_of_n import RewardServiceScorer, best_of_drafts
+from coder_svc.drafts import KernelDraft, KernelGenerator
 from services.clients.reward import RewardClient
 from services.config import Settings, get_settings
 from services.db.models import Candidate, Job, Score
@@ -20,7 +21,8 @@ from services.db.serving import Role, ServingVersion, serving_version
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
 from services.llm.chat import Sampling
-from services.queue.jobs import JobNotFound, get_job, submit_job
+from services.queue.faults import fault_point
+from services.queue.jobs import JobNotFound, checkpointed, get_job, submit_job
 from services.queue.names import GENERATE_TASK, GENERATION
 from services.schemas.coder import KernelRequest, KernelResponse, KernelResult
 from services.schemas.reward import ScoreOptions
@@ -30,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 TASK_ORIGIN = "coder-request"
 CODER_ROLE: Role = "coder"
+DRAFTS = TypeAdapter(list[KernelDraft])
 
 
 # --- jobs -----------------------------------------------------------------------------------
@@ -61,7 +64,11 @@ def generation_job(job_id: str) -> Job:
 
 
 def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The Celery job body: generate n candidates, score them over HTTP, link them to the task."""
+    """The Celery job body: generate n candidates, score them over HTTP, link them to the task.
+
+    The candidates are the job's checkpoint: an attempt run again after its worker died scores the
+    ones the first attempt drew, so the reward service finds its job for them (done, or running) and
+    the job ends with one scored group, not one per attempt."""
     request = KernelRequest.model_validate(payload)
     settings = get_settings()
     # Leave a minute before Celery's soft limit, so a slow reward job ends as ScoringFailed, not a kill.
@@ -71,16 +78,15 @@ def run_generate_job(generators: GeneratorCache, job_id: str, payload: dict[str,
     generator = generators.get(kind, version)
     ensure_task(request.module, TASK_ORIGIN)  # first, so the reward service files its candidates under this origin
     sampling = sampling_for(request.n, request.sampling, settings)
+    started = time.perf_counter()  # this attempt's sampling: none where an earlier attempt's drafts are reloaded
+    drafts = checkpointed(job_id, "drafts", lambda: generator.generate(request.module, request.backend, sampling), DRAFTS)
+    sampled = time.perf_counter() - started
+    fault_point("generate.after_drafts")
     options = ScoreOptions(backend=request.backend, **request.scoring.model_dump())
     with RewardClient() as client:
-        result = best_of_n(
-            generator,
-            request.module,
-            request.backend,
-            sampling,
-            RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s, deadline=deadline),
-            options,
-        )
+        scorer = RewardServiceScorer(client, wait_s=settings.task_soft_time_limit_s, deadline=deadline)
+        result = best_of_drafts(drafts, request.module, request.backend, generator.name, scorer, options, sample_seconds=sampled)
+    fault_point("generate.after_scoring")
     if kind != "template" and version is not None:
         result.model_version_id = version.id
     if result.reward_job_id is not None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select
+from pydantic import TypeAdapter
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from proposer_svc.catalog import CATALOG
@@ -49,7 +50,8 @@ from services.db.session import session_scope
 from services.db.tasks import source_sha256
 from services.llm.chat import Message, Sampling
 from services.outcomes import Declined
-from services.queue.jobs import submit_job
+from services.queue.faults import fault_point
+from services.queue.jobs import checkpointed, submit_job
 from services.queue.names import PROPOSAL, PROPOSE_TASK
 from services.schemas.proposer import (
     ComposerName,
@@ -175,10 +177,14 @@ def compose_modules(
     return modules, declined
 
 
-def known_hashes() -> set[str]:
-    """Normalised-source and graph hashes of the pool, for the validator's duplicate check."""
+def known_hashes(job_id: str | None = None) -> set[str]:
+    """Normalised-source and graph hashes of the pool, for the validator's duplicate check; without the
+    tasks ``job_id`` stored itself (an earlier attempt's modules are not duplicates of this round's)."""
+    query = select(Task.source, Task.graph_hash, Task.details).where(Task.status.in_(POOL_STATUSES))
+    if job_id is not None:
+        query = query.where(or_(Task.job_id.is_(None), Task.job_id != job_id))
     with session_scope() as session:
-        rows = session.execute(select(Task.source, Task.graph_hash, Task.details).where(Task.status.in_(POOL_STATUSES))).all()
+        rows = session.execute(query).all()
     hashes: set[str] = set()
     for source, graph, details in rows:
         if graph:
@@ -193,7 +199,9 @@ def known_hashes() -> set[str]:
     return hashes
 
 
-def store_task(module: ProposedModule, verdict: ValidationResult, request: ProposeRequest) -> ProposalOut:
+def store_task(
+    module: ProposedModule, verdict: ValidationResult, request: ProposeRequest, job_id: str | None = None
+) -> ProposalOut:
     details: dict[str, Any] = {
         **module.details,
         "normalised_hash": verdict.source_hash,
@@ -213,13 +221,22 @@ def store_task(module: ProposedModule, verdict: ValidationResult, request: Propo
         reason=verdict.reason,
         graph_hash=verdict.graph_hash,
         details=details,
+        job_id=job_id,
     )
     try:
         with session_scope() as session:
             session.add(task)
     except IntegrityError:  # a concurrent round stored the same source first
         return ProposalOut(status="exists", reason="this exact source is already a task", api_set=module.api_set)
-    return ProposalOut(task_id=task.id, status=task.status, reason=verdict.reason, rule=verdict.rule, api_set=module.api_set)
+    fault_point("propose.after_store")
+    return stored_outcome(task)
+
+
+def stored_outcome(task: Task) -> ProposalOut:
+    """What became of a module, as its task row says."""
+    status = "valid" if task.status == "valid" else "rejected"
+    rule = (task.details or {}).get("rule")
+    return ProposalOut(task_id=task.id, status=status, reason=task.reason or "", rule=rule, api_set=list(task.api_set or []))
 
 
 @dataclass(frozen=True)
@@ -232,6 +249,20 @@ class Drafted:
 
     def outcome(self, proposal: ProposalOut) -> ProposalOut:
         return proposal.model_copy(update={"group": self.group, "reply": self.reply})
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """A round's composing, kept as a proposal job's checkpoint: the prompts of its sampled groups, the
+    modules drafted, the slots the composer declined, the corpus its API sets were sampled from."""
+
+    prompts: list[list[Message]]
+    drafted: list[Drafted]
+    declined: list[ProposalOut]
+    corpus: str | None
+
+
+DRAFTS = TypeAdapter(Drafts)
 
 
 def sample_groups(
@@ -289,53 +320,72 @@ def sample_groups(
 
 
 def propose(
-    request: ProposeRequest, settings: Settings | None = None, parallel: int = 1, on_progress: Progress | None = None
+    request: ProposeRequest,
+    settings: Settings | None = None,
+    parallel: int = 1,
+    on_progress: Progress | None = None,
+    job_id: str | None = None,
 ) -> ProposeSummary:
     """One proposal round: sample, compose, validate in the sandbox, store every outcome. In sampled
-    groups (``group_size`` > 1) a module repeated within the round shares its first copy's outcome."""
+    groups (``group_size`` > 1) a module repeated within the round shares its first copy's outcome.
+
+    Run as ``job_id``, the round is the job's whatever the attempt: the drafts are its checkpoint (an
+    attempt run again validates the modules the first one drew) and a module an earlier attempt
+    stored keeps the outcome stored with it, not "exists"."""
     settings = settings or get_settings()
     started = time.monotonic()
-    rng = random.Random(request.seed)
-    stats, corpus = sampling_stats(settings)
-    composer = build_composer(request.backend or settings.proposer_composer, settings)
-    prompts: list[list[Message]] = []
-    if request.group_size > 1:
-        prompts, drafted, proposals = sample_groups(composer, stats, request, settings, rng, on_progress)
-    else:
-        modules, proposals = compose_modules(composer, stats, request, settings, rng, on_progress)
-        drafted = [Drafted(m) for m in modules]
+
+    def compose_round() -> Drafts:
+        rng = random.Random(request.seed)
+        stats, corpus = sampling_stats(settings)
+        composer = build_composer(request.backend or settings.proposer_composer, settings)
+        if request.group_size > 1:
+            return Drafts(*sample_groups(composer, stats, request, settings, rng, on_progress), corpus)
+        modules, declined = compose_modules(composer, stats, request, settings, rng, on_progress)
+        return Drafts([], [Drafted(m) for m in modules], declined, corpus)
+
+    drafts = compose_round() if job_id is None else checkpointed(job_id, "drafts", compose_round, DRAFTS)
+    proposals = list(drafts.declined)
 
     with session_scope() as session:
-        hashes = [source_sha256(d.module.source) for d in drafted]
-        stored = set(session.scalars(select(Task.source_hash).where(Task.source_hash.in_(hashes))))
+        hashes = [source_sha256(d.module.source) for d in drafts.drafted]
+        rows = session.scalars(select(Task).where(Task.source_hash.in_(hashes))).all()
+        stored = {t.source_hash for t in rows}
+        mine = {t.source_hash: stored_outcome(t) for t in rows if job_id is not None and t.job_id == job_id}
     fresh: list[Drafted] = []
+    outcomes: list[ProposalOut | None] = []  # per fresh module: its outcome where an earlier attempt stored it
     first: dict[str, int] = {}  # a source's first copy in this round: its index in fresh
     repeats: list[tuple[Drafted, int]] = []
-    for draft, digest in zip(drafted, hashes):
+    for draft, digest in zip(drafts.drafted, hashes):
         if digest in first and request.group_size > 1:
             repeats.append((draft, first[digest]))
-        elif digest in stored or digest in first:
+        elif (digest in stored and digest not in mine) or digest in first:
             exists = ProposalOut(status="exists", reason="this exact source is already a task", api_set=draft.module.api_set)
             proposals.append(draft.outcome(exists))
         else:
             first[digest] = len(fresh)
             fresh.append(draft)
+            outcomes.append(mine.get(digest))
 
+    pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
     done: list[int] = []
 
     def validated(i: int, _: ValidationResult) -> None:
         done.append(i)
         if on_progress:
-            on_progress("validate", len(done), len(fresh))
+            on_progress("validate", len(done), len(pending))
 
-    verdicts: list[ValidationResult] = []
-    if fresh:
+    if pending:
         with Validator(ValidationOptions(device=request.device), settings) as validator:
-            verdicts = validator.validate_many([d.module.source for d in fresh], known_hashes(), parallel, validated)
-    outcomes = [d.outcome(store_task(d.module, v, request)) for d, v in zip(fresh, verdicts)]
-    proposals += outcomes + [draft.outcome(outcomes[i]) for draft, i in repeats]
-    summary = summarize(request, proposals, corpus, time.monotonic() - started)
-    return summary.model_copy(update={"prompts": prompts})
+            sources = [fresh[i].module.source for i in pending]
+            verdicts = validator.validate_many(sources, known_hashes(job_id), parallel, validated)
+        for i, verdict in zip(pending, verdicts):
+            outcomes[i] = store_task(fresh[i].module, verdict, request, job_id)
+    settled = [d.outcome(o) for d, o in zip(fresh, outcomes) if o is not None]
+    assert len(settled) == len(fresh), "each fresh module was stored now or found stored by an earlier attempt"
+    proposals += settled + [draft.outcome(settled[i]) for draft, i in repeats]
+    summary = summarize(request, proposals, drafts.corpus, time.monotonic() - started)
+    return summary.model_copy(update={"prompts": drafts.prompts})
 
 
 def summarize(request: ProposeRequest, proposals: list[ProposalOut], corpus: str | None, seconds: float) -> ProposeSummary:
@@ -377,7 +427,7 @@ def submit_propose(request: ProposeRequest) -> Job:
 
 def run_propose_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """The Celery job body: one round, its summary stored on the job."""
-    summary = propose(ProposeRequest.model_validate(payload))
+    summary = propose(ProposeRequest.model_validate(payload), job_id=job_id)
     log.info("proposer.round", job_id=job_id, valid=summary.valid, rejected=summary.rejected, declined=summary.declined)
     return summary.model_dump()
 

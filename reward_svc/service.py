@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from typing import Any
 
 import redis
@@ -11,9 +10,10 @@ import redis
 from reward_svc.evaluate import Evaluation, Evaluator
 from reward_svc.rewards import group_rewards
 from services.config import get_settings
-from services.db.models import Candidate, Job, Score
+from services.db.models import Candidate, Job, Score, derived_id
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
+from services.queue.faults import fault_point
 from services.queue.jobs import submit_job
 from services.queue.names import SCORE_GROUP_TASK, scoring_queues
 from services.schemas.reward import CAGRPOConfig, GroupResult, GroupScoreRequest, ScoredVerdict
@@ -35,22 +35,31 @@ def score_group(request: GroupScoreRequest, evaluator: Evaluator) -> GroupResult
     return rewarded_group(evaluation, request.ca_grpo)
 
 
-def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str | None) -> str:
-    """Store the reference as a task, each candidate, and each verdict; returns the group id."""
-    group_id = uuid.uuid4().hex
+def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str) -> str:
+    """Store the reference as a task, each candidate, and each verdict; returns the group id (the job's).
+
+    Each row's id derives from the job and the candidate's index, so an attempt run again after its
+    worker died (between this write and the job's end) rewrites the same rows with its verdicts
+    instead of adding a second group that the frontier would count too."""
     task_id = ensure_task(request.reference, origin="external")
+    fault_point("score.after_task")
     with session_scope() as session:
-        for source, verdict in zip(request.candidates, result.verdicts):
+        for item, (source, verdict) in enumerate(zip(request.candidates, result.verdicts)):
             candidate = Candidate(
-                task_id=task_id, backend=request.options.backend, source=source, source_hash=source_sha256(source)
+                id=derived_id(job_id, "candidate", item),
+                task_id=task_id,
+                backend=request.options.backend,
+                source=source,
+                source_hash=source_sha256(source),
             )
-            session.add(candidate)
-            session.flush()
-            session.add(
+            session.merge(candidate)  # what the Coder added to a row (who wrote it) stays
+            session.merge(
                 Score(
+                    id=derived_id(job_id, "score", item),
                     candidate_id=candidate.id,
                     job_id=job_id,
-                    group_id=group_id,
+                    item=item,
+                    group_id=job_id,
                     status=verdict.status,
                     correct=verdict.correct,
                     reason=verdict.reason,
@@ -65,7 +74,7 @@ def persist_group(request: GroupScoreRequest, result: GroupResult, job_id: str |
                     details=verdict.details,
                 )
             )
-    return group_id
+    return job_id
 
 
 def pick_scoring_queue() -> str:

@@ -67,7 +67,29 @@ class Settings(BaseSettings):
     task_soft_time_limit_s: int = 1800
     task_hard_time_limit_s: int = 2000
     visibility_timeout_s: int = 2400
-    max_job_attempts: int = 3
+    max_job_attempts: int = Field(
+        default=3, ge=1, description="Deliveries a job gets (runs its worker died in, messages the broker lost) before it fails."
+    )
+    # Recovery without the visibility timeout: the process running a job beats on its row; a sweeper in
+    # every worker sends again what a dead worker held or what the broker lost (services/queue/sweeper.py).
+    worker_heartbeat_s: float = Field(
+        default=5.0, gt=0, description="How often the process running a job records on its row that it is alive."
+    )
+    worker_dead_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A running job not heard from for this long has lost its worker: it is sent again (or failed past "
+        "max_job_attempts). On the worker's own host a process that is gone counts as dead at once.",
+    )
+    queued_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A job queued this long whose message the broker no longer holds (Redis restarted without its data, "
+        "a sender that died before sending) is sent again.",
+    )
+    sweep_interval_s: float = Field(
+        default=10.0, gt=0, description="How often the workers look for such jobs; one sweep per interval across them all."
+    )
     gpu_devices: list[int] = Field(default_factory=list, description="GPU indices with one scoring queue each.")
 
     # Reward service
@@ -183,6 +205,10 @@ class Settings(BaseSettings):
             raise ValueError("KZ_VISIBILITY_TIMEOUT_S must exceed KZ_TASK_HARD_TIME_LIMIT_S")
         if self.task_soft_time_limit_s >= self.task_hard_time_limit_s:
             raise ValueError("KZ_TASK_SOFT_TIME_LIMIT_S must be below KZ_TASK_HARD_TIME_LIMIT_S")
+        # A live worker whose beats run a little late (a busy host, a slow database) must not be
+        # taken for dead: its job would be sent again while it still runs.
+        if self.worker_dead_after_s < 3 * self.worker_heartbeat_s:
+            raise ValueError("KZ_WORKER_DEAD_AFTER_S must be at least three KZ_WORKER_HEARTBEAT_S")
         return self
 
     # pydantic's computed field over a property, which mypy does not follow

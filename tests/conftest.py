@@ -21,6 +21,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -208,8 +209,8 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
         return worker
 
     yield start
-    for worker in workers:
-        worker.stop()
+    with ThreadPoolExecutor(max(1, len(workers))) as stopping:  # each waits out its warm shutdown: side by side
+        list(stopping.map(WorkerProcess.stop, workers))
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ def test_migrations_up_and_down(database_url: str, kz_env: Callable[..., Setting
     assert model_tables == {
         "api_keys",
         "jobs",
+        "job_checkpoints",
         "tasks",
         "candidates",
         "scores",

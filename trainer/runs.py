@@ -18,6 +18,7 @@ from services.clients import CoderClient, ProposerClient, ServiceError, ServiceU
 from services.config import get_settings
 from services.db.models import ModelVersion, TrainingRun
 from services.db.session import session_scope
+from services.queue.faults import fault_point
 from services.queue.jobs import submit_job
 from services.queue.names import TRAIN_ROUND_TASK, TRAINING
 from services.schemas.trainer import RecordOut, RunOut
@@ -156,10 +157,23 @@ def _end(run_id: str, status: str, error: str | None) -> bool:
     return False
 
 
+def _next_round_due(run_id: str, round_index: int) -> bool:
+    """Whether the run recorded this round done and waits for the next: what an attempt finds when the
+    one before it died between recording the round and queueing the next."""
+    with session_scope() as session:
+        run = session.get_one(TrainingRun, run_id)
+        rounds = LoopConfig.model_validate(run.config).rounds
+        return run.status == "running" and run.rounds_done == round_index + 1 < rounds and not run.cancel_requested
+
+
 def run_round_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The Celery job body: one round, then the next one queued."""
+    """The Celery job body: one round, then the next one queued (once: its job is keyed by run and round)."""
     run_id, round_index = payload["run_id"], int(payload["round"])
-    if play_round(run_id, round_index):
+    play_round(run_id, round_index)
+    fault_point("train.after_round")
+    # From the run's row, not from what play_round said: an attempt whose predecessor recorded the round
+    # and died plays nothing, and the next round must still follow.
+    if _next_round_due(run_id, round_index):
         _queue_round(run_id, round_index + 1)
     out = get_run(run_id)
     return {"run_id": run_id, "round": round_index, "status": out.status, "rounds_done": out.rounds_done}

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, false
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -16,6 +16,12 @@ def utcnow() -> datetime:
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def derived_id(*parts: object) -> str:
+    """The same id for the same parts (a job and an item index): an attempt of a job run again finds
+    the rows an earlier attempt wrote instead of adding copies."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, "kernelzero:" + "/".join(map(str, parts))).hex
 
 
 class Base(DeclarativeBase):
@@ -48,10 +54,26 @@ class Job(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    worker: Mapped[str | None] = mapped_column(String(200))
+    worker: Mapped[str | None] = mapped_column(String(200))  # host:pid of the process running its attempt
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # its latest message was sent
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The running attempt's process writes this every few seconds: the sweeper and a duplicate delivery
+    # tell a live owner from a dead one by it.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobCheckpoint(Base):
+    """A value one attempt of a job computed and every later attempt reuses (the candidates a sampling
+    job drew, say), so a job run again after its worker died repeats the same work, not new work."""
+
+    __tablename__ = "job_checkpoints"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Task(Base):
@@ -70,6 +92,7 @@ class Task(Base):
     # Hash of the traced op graph: two sources that differ only in names or layout collide here.
     graph_hash: Mapped[str | None] = mapped_column(String(64), index=True)
     details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)  # the proposal job that stored it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     candidates: Mapped[list[Candidate]] = relationship(back_populates="task")
@@ -111,10 +134,13 @@ class Score(Base):
     """One verdict of the reward service with every number it measured."""
 
     __tablename__ = "scores"
+    # One verdict per candidate of a scoring job, however often the job runs.
+    __table_args__ = (UniqueConstraint("job_id", "item", name="uq_scores_job_item"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     candidate_id: Mapped[str] = mapped_column(ForeignKey("candidates.id"), index=True)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
+    item: Mapped[int | None] = mapped_column(Integer)  # the candidate's index in the job's group
     group_id: Mapped[str | None] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(30))
     correct: Mapped[bool] = mapped_column(Boolean)

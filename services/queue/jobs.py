@@ -3,34 +3,44 @@
 A job's id doubles as its Celery task id and is derived from its input, so submitting the same
 input twice returns the same job and does the work once. A redelivered job (its worker died)
 counts another attempt; past ``max_job_attempts`` it is reported failed, never lost.
+
+An attempt claims the job with one conditional update (the row as it was read, or nothing), so two
+deliveries never both run it; a delivery that finds the job running on a live owner leaves it be
+(``services.queue.liveness``). The owner beats on the row while it runs, and only the owner's attempt
+may store the outcome. What a job writes is keyed by the job (and the item), so an attempt that runs
+again after a death finds or replaces what the dead one wrote; ``checkpointed`` lets it repeat the
+dead attempt's choices (the candidates it sampled) instead of making new ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from celery import Celery, Task
+from pydantic import TypeAdapter
 from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
 
 from services.config import get_settings
-from services.db.models import Job
+from services.db.models import Job, JobCheckpoint
 from services.db.session import session_scope
 from services.queue.app import producer
+from services.queue.faults import fault_point
+from services.queue.liveness import heartbeat, hold, owner_alive, release, worker_name
 from services.schemas.jobs import FINISHED
 
 log = structlog.get_logger(__name__)
 
 JobFunction = Callable[[str, dict[str, Any]], dict[str, Any]]
+T = TypeVar("T")
+CLAIM_TRIES = 3  # each failed claim means another delivery changed the row first: read it again
 
 
 class JobNotFound(LookupError):
@@ -56,7 +66,16 @@ def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | Non
             return existing
     try:
         with session_scope() as session:
-            job = Job(id=job_id, kind=kind, queue=queue, idempotency_key=key, payload=payload, status="queued", attempts=0)
+            job = Job(
+                id=job_id,
+                kind=kind,
+                queue=queue,
+                idempotency_key=key,
+                payload=payload,
+                status="queued",
+                attempts=0,
+                enqueued_at=datetime.now(UTC),
+            )
             session.add(job)
     except IntegrityError:  # a concurrent submission of the same input won the race
         return get_job(job_id)
@@ -81,33 +100,58 @@ def get_job(job_id: str) -> Job:
 
 
 def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
-    """Count an attempt; return the job to run, or None with the reason to skip it."""
-    now = datetime.now(UTC)
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None:
+    """Count an attempt and claim the job for this process; return the job to run, or None with the
+    reason to skip it (finished, unknown, or running on an owner that is alive)."""
+    settings = get_settings()
+    me = worker_name()
+    for _ in range(CLAIM_TRIES):
+        now = datetime.now(UTC)
+        with session_scope() as session:
+            seen = session.get(Job, job_id)
+        if seen is None:
             return None, "unknown job"
-        if job.status in FINISHED:
-            return None, f"already {job.status}"
-        job.attempts += 1
-        job.status = "running"
-        job.started_at = now
-        job.worker = f"{socket.gethostname()}:{os.getpid()}"
-        if job.attempts > get_settings().max_job_attempts:
-            job.status = "failed"
-            job.finished_at = now
-            job.error = f"gave up after {job.attempts - 1} attempts: its worker died each time"
-            return None, job.error
+        if seen.status in FINISHED:
+            return None, f"already {seen.status}"
+        if seen.status == "running" and owner_alive(
+            seen.worker, job_id, seen.attempts, seen.heartbeat_at, now, settings.worker_dead_after_s
+        ):
+            return None, f"running on {seen.worker}, which is alive"
+        attempts = seen.attempts + 1
+        values: dict[str, Any] = {"attempts": attempts, "status": "running", "worker": me, "started_at": now, "heartbeat_at": now}
+        error = None
+        if attempts > settings.max_job_attempts:
+            error = f"gave up after {attempts - 1} attempts: its worker died each time"
+            values.update(status="failed", finished_at=now, error=error)
+        # A fresh transaction whose first statement is this update: on SQLite it takes the write lock
+        # and sees every commit before it, on PostgreSQL it waits for a concurrent claim's row lock.
+        with session_scope() as session:
+            claimed = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == seen.status, Job.attempts == seen.attempts)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's result is a CursorResult
+                continue
+            job = session.get_one(Job, job_id)
+        if error is not None:
+            return None, error
         return job, None
+    return None, f"claimed by another delivery {CLAIM_TRIES} times while this one looked"
 
 
-def _finish(job_id: str, status: str, result: dict[str, Any] | None, error: str | None) -> bool:
-    """Store the outcome once: a second finisher (a duplicate delivery) changes nothing."""
+def _finish(
+    job_id: str, status: str, result: dict[str, Any] | None, error: str | None, owner: tuple[str, int] | None = None
+) -> bool:
+    """Store the outcome once: a second finisher (a duplicate delivery) changes nothing. With ``owner``
+    (worker, attempt) only while the job is still that attempt's: one that was given up on and sent
+    again stores nothing."""
+    conditions = [Job.id == job_id, Job.status == "running"]
+    if owner is not None:
+        conditions += [Job.worker == owner[0], Job.attempts == owner[1]]
     with session_scope() as session:
         updated = session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "running")
-            .values(status=status, result=result, error=error, finished_at=datetime.now(UTC))
+            update(Job).where(*conditions).values(status=status, result=result, error=error, finished_at=datetime.now(UTC))
         )
         # an UPDATE's result is a CursorResult, which its declared type (Result) does not say
         return updated.rowcount == 1  # type: ignore[attr-defined]
@@ -117,21 +161,55 @@ def run_job(job_id: str, work: JobFunction) -> None:
     """The body of every job task: attempt bookkeeping around ``work(job_id, payload)``."""
     structlog.contextvars.bind_contextvars(job_id=job_id)
     try:
-        job, skipped = _begin_attempt(job_id)
-        if job is None:
-            log.info("job.skipped", reason=skipped)
+        if not hold(job_id):
+            log.info("job.skipped", reason="another delivery of it is running in this process")
             return
-        log.info("job.started", kind=job.kind, attempt=job.attempts)
+        try:
+            _run_attempt(job_id, work)
+        finally:
+            release(job_id)
+    finally:
+        structlog.contextvars.unbind_contextvars("job_id")
+
+
+def _run_attempt(job_id: str, work: JobFunction) -> None:
+    job, skipped = _begin_attempt(job_id)
+    if job is None:
+        log.info("job.skipped", reason=skipped)
+        return
+    log.info("job.started", kind=job.kind, attempt=job.attempts)
+    owner = (worker_name(), job.attempts)
+    with heartbeat(job_id, *owner, get_settings().worker_heartbeat_s):
         try:
             result = work(job_id, job.payload)
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
             log.exception("job.failed")
-            _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}")
+            _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)
             return
-        _finish(job_id, "succeeded", result, None)
-        log.info("job.succeeded")
-    finally:
-        structlog.contextvars.unbind_contextvars("job_id")
+        fault_point("job.before_finish")
+        if not _finish(job_id, "succeeded", result, None, owner):
+            log.warning("job.superseded", why="given up on while it ran: another attempt owns the job")
+            return
+    log.info("job.succeeded")
+
+
+def checkpointed(job_id: str, step: str, compute: Callable[[], T], codec: TypeAdapter[T]) -> T:
+    """``compute()``'s value as the first attempt of the job to get here stored it: an attempt run
+    again after its worker died repeats that attempt's choice (the candidates it sampled, the modules
+    it drafted) instead of making new ones, whose effects would come on top of the old ones. Every
+    attempt gets the stored JSON form back, so none sees a value the others do not."""
+    with session_scope() as session:
+        stored = session.get(JobCheckpoint, (job_id, step))
+        if stored is not None:
+            return codec.validate_python(stored.value)
+    value = codec.dump_python(compute(), mode="json")
+    try:
+        with session_scope() as session:
+            session.add(JobCheckpoint(job_id=job_id, step=step, value=value))
+    except IntegrityError:  # another attempt stored its own first: that one stands
+        with session_scope() as session:
+            value = session.get_one(JobCheckpoint, (job_id, step)).value
+    return codec.validate_python(value)
 
 
 class JobTask(Task):
