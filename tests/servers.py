@@ -44,6 +44,17 @@ def start_up(log: Path, *, sigint_ignored: bool = False) -> subprocess.Popen[byt
         )
 
 
+def interrupt_up(launcher: subprocess.Popen[bytes]) -> int:
+    """Ctrl-C to ``kernelzero up`` (it puts SIGINT back even where it was started with it ignored) and
+    its exit code; killed, and the wait's timeout raised, if it has not stopped in 60 s."""
+    launcher.send_signal(signal.SIGINT)
+    try:
+        return launcher.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        raise
+
+
 def wait_until_up(launcher: subprocess.Popen[bytes], log: Path, settings: Settings, timeout_s: float = 120) -> None:
     """Until every service answers its readiness check through its typed client (the key ``up`` made)."""
     deadline = time.monotonic() + timeout_s

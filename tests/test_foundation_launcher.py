@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ import psutil
 import pytest
 
 from processes import leftovers
-from servers import CLIENTS, KERNELZERO, start_up, wait_until_up
+from servers import CLIENTS, KERNELZERO, interrupt_up, start_up, wait_until_up
 from services.cli.launcher import run_state_path
 from services.clients import ServiceError, TrainerClient
 from services.config import SERVICE_NAMES, Settings
@@ -76,12 +75,7 @@ def test_kernelzero_up_serves_all_four_then_stops_clean(
         running = leftovers(settings.data_dir, set())  # the detector sees the live platform
         assert len(running) >= 1 + 8, running
     finally:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            code = launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            raise
+        code = interrupt_up(launcher)
     assert code == 0, log.read_text()[-4000:]
     assert not run_state_path(settings).exists()
     assert leftovers(settings.data_dir, started | descendants) == []

@@ -28,7 +28,7 @@ import pytest
 from rich.console import Console
 
 from processes import leftovers
-from servers import KERNELZERO, start_up, wait_until_up
+from servers import KERNELZERO, interrupt_up, start_up, wait_until_up
 from services.cli.launcher import CrashLoop, Launcher, ManagedProcess, instance_lock_path, run_state_path
 from services.clients import RewardClient
 from services.config import SERVICE_NAMES, Settings
@@ -116,12 +116,7 @@ def test_up_restarts_a_killed_worker_and_api_refuses_a_second_up_and_stops_on_si
             f"\nrestart after SIGKILL: worker spawned {restarted_s:.1f} s, a job done {serving_s:.1f} s; API ready {api_s:.1f} s"
         )
     finally:
-        launcher.send_signal(signal.SIGINT)  # it was started with SIGINT ignored
-        try:
-            code = launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            raise
+        code = interrupt_up(launcher)  # started with SIGINT ignored, as a script's & does
     assert code == 0, log.read_text()[-4000:]
     assert not run_state_path(settings).exists()
     time.sleep(0.5)
