@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from services.db.models import Job
 from services.db.session import session_scope
+from services.schemas.times import as_utc
 
 log = structlog.get_logger(__name__)
 
@@ -39,11 +40,6 @@ _held_lock = threading.Lock()
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def as_utc(moment: datetime) -> datetime:
-    """SQLite gives back the UTC times it was given without their zone."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def hold(job_id: str) -> bool:

@@ -10,8 +10,9 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 
-def _as_utc(value: datetime) -> datetime:
+def as_utc(value: datetime) -> datetime:
+    """A time the database gave back, with its zone (SQLite returns the UTC it was given without one)."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-UTCDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+UTCDatetime = Annotated[datetime, AfterValidator(as_utc)]
