@@ -16,8 +16,10 @@
 #   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
-# `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), EVAL_RESUME (a samples.jsonl), EVAL_REDO
-# (statuses to evaluate again on resume, e.g. runtime_error).
+# `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
+# EVAL_RESUME (a samples.jsonl), EVAL_REDO (statuses to evaluate again on resume, e.g. runtime_error),
+# PROFILE=1 (throughput runs under py-spy, every process of the tree, carried in .whl; its stacks are
+# summarised by benchmarks/profile_summary.py into profile_g<G>.txt).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source benchmarks/gpu_env.sh || exit 1
@@ -49,8 +51,13 @@ for step in "$@"; do
             python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_compile.py tests/test_reward_gpu.py tests/test_reward_integrity_gpu.py \
                 2>&1 | tee "$RESULTS/gpu_tests${arg:+_$arg}.log" ;;
         throughput)
-            python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
-                --limit 24 --only ours --concurrency "$CONCURRENCY" --group "$arg" --out "$RESULTS/throughput_g$arg" ;;
+            profiler=()
+            [ -n "${PROFILE:-}" ] && profiler=(/tmp/kz-site/bin/py-spy record --subprocesses --idle --rate 25 --format raw
+                --output "${TMPDIR:-/tmp}/stacks_g$arg.txt" --)
+            timeout -s INT -k 15 "$limit" "${profiler[@]}" "$PYTHON" benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" \
+                --candidates "$CANDIDATES" --limit "${LIMIT:-24}" --only ours --concurrency "$CONCURRENCY" --group "$arg" \
+                --out "$RESULTS/throughput_g$arg"
+            [ -n "${PROFILE:-}" ] && "$PYTHON" benchmarks/profile_summary.py "${TMPDIR:-/tmp}/stacks_g$arg.txt" > "$RESULTS/profile_g$arg.txt" ;;
         kernelbench)
             python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
                 --limit "${KB_LIMIT:-6}" --only kernelbench --kernelbench "$KB" --group "$arg" --variant 1 --out "$RESULTS/kernelbench_g$arg" ;;
