@@ -14,6 +14,8 @@
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
 #   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch
+#   score[:N]      `kernelzero score` of the Triton ReLU in tests/kernels, N times in a row (the first
+#                  on a cold Triton cache), each a fresh process: wall seconds and the verdict's phases
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
@@ -71,6 +73,15 @@ for step in "$@"; do
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
         trainer_step)
             python3 benchmarks/trainer_step.py --size 0.5b --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
+        score)
+            [ "$arg" = score ] && arg=2
+            for run in $(seq "$arg"); do
+                started=$(date +%s.%N)
+                python3 -m kernelzero score --reference tests/kernels/relu/reference.py --candidate tests/kernels/relu/triton_correct.py \
+                    --backend triton --json > "$RESULTS/score_$run.json"
+                echo "score run $run: $("$PYTHON" -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 2))' "$started") s wall"
+                "$PYTHON" -c 'import json, sys; v = json.load(open(sys.argv[1])); print(v["status"], json.dumps(v["details"].get("seconds")), json.dumps(v["details"].get("phases")))' "$RESULTS/score_$run.json"
+            done ;;
         loop)
             [ "$arg" = loop ] && arg=4
             timeout -s INT -k 30 "$limit" bash benchmarks/loop_gpu.sh "$RESULTS/loop" "$arg" ;;

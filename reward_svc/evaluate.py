@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import secrets
 import shutil
@@ -58,6 +59,8 @@ class Evaluator:
         self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
         self.device_users = DeviceUsers()
         self.redactor = Redactor(self.settings)
+        # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
+        threading.Thread(target=importlib.import_module, args=("reward_svc.verify",), name="import-judge", daemon=True).start()
 
     def pool(self, device: str, timeout_s: float) -> ChildPool:
         key = (device, timeout_s)
@@ -112,7 +115,7 @@ class Evaluator:
             exchange = self.layout.exchange / ref_child.workdir.name
             (ref_child.workdir / "exchange").rename(exchange)
             group.callback(shutil.rmtree, exchange, ignore_errors=True)
-            from reward_svc.verify import Tolerance  # torch: imported by the worker only when it judges
+            from reward_svc.verify import Tolerance  # imported since the evaluator began (above)
 
             tolerance = Tolerance(options.atol, options.rtol)
 

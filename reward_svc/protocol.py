@@ -8,11 +8,13 @@ code: the judge checks what it relies on (``verify.judge``), whatever these type
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from services.children.device import DeviceLockDescriptors
-from services.children.ops import Work
-from services.children.timing import Timing
+
+if TYPE_CHECKING:  # both modules import torch, which the services and the CLI load only where they judge
+    from services.children.ops import Work
+    from services.children.timing import Timing
 
 # The candidate's knockout trials, by output name: "knockout" runs a case the first time forward sees its
 # values (which case is the worker's secret), "recall" runs it once more after its clean run (the refresh),
