@@ -11,6 +11,7 @@ from rich.console import Console
 
 from reward_svc.evaluate import Evaluator
 from reward_svc.service import score_group
+from services.config import get_settings
 from services.schemas.reward import GroupScoreRequest, ScoreOptions
 
 console = Console(stderr=True)
@@ -35,7 +36,10 @@ def score(
         trials=trials,
     )
     request = GroupScoreRequest(reference=reference.read_text(), candidates=[candidate.read_text()], options=options)
-    evaluator = Evaluator()
+    settings = get_settings()
+    if settings.reward_warm_children is None:  # one reference, one candidate: more children warming would slow these two
+        settings = settings.model_copy(update={"reward_warm_children": 2})
+    evaluator = Evaluator(settings)
     try:
         with console.status("scoring in the sandbox…"):
             verdict = score_group(request, evaluator).verdicts[0]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from services.children.device import gpu_lock
+from services.children.device import TIMINGS_SUFFIX, gpu_lock
 
 
 @contextmanager
@@ -99,11 +100,21 @@ def test_triton_compiles_outside_the_device_hold(tmp_path: Path, monkeypatch: py
     assert free_while_compiling == [True]
 
 
+def announced(lock: Path) -> bool:
+    """Whether a timing has announced itself (it holds the timings file shared from its request on)."""
+    return not can_take(Path(f"{lock}{TIMINGS_SUFFIX}"), fcntl.LOCK_EX)
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
 def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Path) -> None:
     """Linux flock would grant new shared holds while a timing waits, so under steady correctness
-    work the timing could wait forever; the gate makes later requests queue behind it."""
-    import threading
-
+    work the timing could wait forever; an announced timing makes later correctness work wait."""
     lock = tmp_path / "gpu.lock"
     with child_holding(lock, exclusive=False):
         timing = subprocess.Popen(
@@ -118,10 +129,8 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
             text=True,
         )
         try:
-            deadline = time.monotonic() + 30
-            while can_take(Path(f"{lock}.gate"), fcntl.LOCK_EX):  # until the timing waits, holding the gate
-                assert time.monotonic() < deadline and timing.poll() is None
-                time.sleep(0.05)
+            wait_until(lambda: announced(lock) or timing.poll() is not None, "the timing never announced itself")
+            assert timing.poll() is None
             entered = threading.Event()
 
             def correctness_work() -> None:
@@ -140,3 +149,33 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
     timing.wait()
     assert entered.wait(5.0)  # and then the correctness work
     later.join(5.0)
+
+
+def test_timings_announced_while_the_device_drains_run_back_to_back(tmp_path: Path) -> None:
+    """The drain (the GPU idling behind the slowest shared holder) is paid once per batch of timings:
+    a timing announced after correctness work began to wait still runs before it, beside the first
+    timing's batch, and the correctness work runs once the batch is done."""
+    lock = str(tmp_path / "gpu.lock")
+    order: list[str] = []
+
+    def hold(name: str, exclusive: bool) -> threading.Thread:
+        def run() -> None:
+            with gpu_lock(lock, exclusive=exclusive):
+                order.append(name)
+                time.sleep(0.1)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    with gpu_lock(lock):  # a trial in progress
+        first = hold("timing 1", exclusive=True)
+        wait_until(lambda: announced(Path(lock)), "the first timing never announced itself")
+        correctness = hold("correctness", exclusive=False)
+        time.sleep(0.3)  # the correctness work is waiting now
+        second = hold("timing 2", exclusive=True)
+        time.sleep(0.3)
+        assert order == []
+    for thread in (first, second, correctness):
+        thread.join(10)
+    assert sorted(order[:2]) == ["timing 1", "timing 2"] and order[2:] == ["correctness"]

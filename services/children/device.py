@@ -16,51 +16,66 @@ class DeviceLockDescriptors(TypedDict):
     """A child's device lock as its job spec carries it (``DeviceLock.to_json``)."""
 
     lock_fd: int
-    gate_fd: int
+    timings_fd: int
 
 
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
+
+TIMINGS_SUFFIX = ".timings"  # beside the lock file: held shared by every timing from its request to its end
 
 
 @dataclass(frozen=True)
 class DeviceLock:
     """The device lock as a sandboxed child holds it: two descriptors its pool opened on the lock file
-    and its gate (read-only; ``flock`` needs no more) and passed to it at start, so no child can write
-    to, replace or leave anything in the locks directory, which it does not see at all."""
+    and its timings file (read-only; ``flock`` needs no more) and passed to it at start, so no child can
+    write to, replace or leave anything in the locks directory, which it does not see at all."""
 
     lock_fd: int
-    gate_fd: int
+    timings_fd: int
 
     @staticmethod
     def open(path: str) -> DeviceLock:
         return DeviceLock(
-            os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + ".gate", os.O_RDONLY | os.O_CREAT, 0o644)
+            os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + TIMINGS_SUFFIX, os.O_RDONLY | os.O_CREAT, 0o644)
         )
 
     def close(self) -> None:
-        for fd in (self.lock_fd, self.gate_fd):
+        for fd in (self.lock_fd, self.timings_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def to_json(self) -> DeviceLockDescriptors:
-        return {"lock_fd": self.lock_fd, "gate_fd": self.gate_fd}
+        return {"lock_fd": self.lock_fd, "timings_fd": self.timings_fd}
 
 
-def _take(lock_fd: int, gate: int | str, mode: int) -> None:
-    """Through the turnstile: Linux ``flock`` grants new shared holds while an exclusive request
-    waits, so under steady correctness work a timing could wait indefinitely. Every request first
-    takes the gate (a mutex held only while queueing for the device lock); a timing keeps it until
-    the current holders have drained, so new ones queue behind it."""
-    if isinstance(gate, str):
-        with open(gate, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            fcntl.flock(lock_fd, mode)
+def _take(lock_fd: int, timings_fd: int, mode: int) -> None:
+    """Timings go in batches. A timing announces itself first (a shared hold on the timings file, kept
+    to its end), then waits for the device lock exclusive: the shared holders drain once and nobody
+    new joins them, since correctness work starts only when no timing is announced (it takes the
+    timings file exclusive for a moment, which waits for every announced timing to end). Timings
+    announced meanwhile run back to back after the first, without a drain each: the drain, with the
+    GPU idling behind its slowest holder, is paid once per batch, not once per timing. Linux
+    ``flock`` grants new shared holds while an exclusive request waits, which is what lets a batch
+    grow; correctness work waits at most for the timings of children that finished their own."""
+    if mode == fcntl.LOCK_EX:
+        fcntl.flock(timings_fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        except BaseException:
+            fcntl.flock(timings_fd, fcntl.LOCK_UN)
+            raise
         return
-    fcntl.flock(gate, fcntl.LOCK_EX)
+    fcntl.flock(timings_fd, fcntl.LOCK_EX)  # no timing announced: none can hold the device either
     try:
-        fcntl.flock(lock_fd, mode)
+        fcntl.flock(lock_fd, fcntl.LOCK_SH)
     finally:
-        fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(timings_fd, fcntl.LOCK_UN)
+
+
+def _give(lock_fd: int, timings_fd: int, mode: int) -> None:
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    if mode == fcntl.LOCK_EX:
+        fcntl.flock(timings_fd, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -68,21 +83,21 @@ def gpu_lock(lock: str | DeviceLockDescriptors | None, *, exclusive: bool = Fals
     """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
     (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
     timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
-    (making inputs, writing files) runs outside it. Requests are served in turn (``_take``).
+    (making inputs, writing files) runs outside it. Timings are served in batches (``_take``).
     ``lock`` is the lock file's path (the worker) or a child's ``DeviceLock.to_json()``."""
     if not lock:
         yield
         return
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    gate: int | str
     with contextlib.ExitStack() as stack:
         if isinstance(lock, dict):
-            lock_fd, gate = lock["lock_fd"], lock["gate_fd"]
+            lock_fd, timings_fd = lock["lock_fd"], lock["timings_fd"]
         else:
-            lock_fd, gate = stack.enter_context(open(lock, "a")).fileno(), lock + ".gate"
-        _take(lock_fd, gate, mode)
-        stack.callback(fcntl.flock, lock_fd, fcntl.LOCK_UN)
-        outer, _holds.current = getattr(_holds, "current", None), (lock_fd, gate, mode)
+            lock_fd = stack.enter_context(open(lock, "a")).fileno()
+            timings_fd = stack.enter_context(open(lock + TIMINGS_SUFFIX, "a")).fileno()
+        _take(lock_fd, timings_fd, mode)
+        stack.callback(_give, lock_fd, timings_fd, mode)
+        outer, _holds.current = getattr(_holds, "current", None), (lock_fd, timings_fd, mode)
         try:
             yield
         finally:
@@ -102,12 +117,12 @@ def device_released() -> Iterator[None]:
 
     if torch.cuda.is_available():  # none of this process's work is left running beside someone's timing
         torch.cuda.synchronize()
-    lock_fd, gate, mode = hold
-    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    lock_fd, timings_fd, mode = hold
+    _give(lock_fd, timings_fd, mode)
     try:
         yield
     finally:
-        _take(lock_fd, gate, mode)
+        _take(lock_fd, timings_fd, mode)
 
 
 def resolve_device(requested: str) -> str:

@@ -182,7 +182,7 @@ class ChildPool:
                 argv,
                 self.confinement(workdir, inbox, build_inbox),
                 cwd=workdir,
-                pass_fds=(lock.lock_fd, lock.gate_fd) if lock else (),
+                pass_fds=(lock.lock_fd, lock.timings_fd) if lock else (),
             )
         finally:
             if lock:
