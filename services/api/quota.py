@@ -12,6 +12,7 @@ import redis
 from fastapi import HTTPException, Request, status
 from redis.commands.core import Script
 
+from services.api.unavailable import RETRY_AFTER_S
 from services.config import get_settings
 
 Quota = Literal["proposed_modules", "kernel_candidates", "scored_candidates"]
@@ -60,7 +61,11 @@ def charge(request: Request, quota: Quota, cost: int) -> None:
     try:
         wait = float(_bucket_script(settings.redis_url)(keys=[bucket], args=[capacity, rate, cost]))
     except redis.RedisError as exc:  # the job could not be queued either: not ready, say why
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the quota store (Redis) does not answer: {exc}") from None
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the quota store (Redis) does not answer: {exc}",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
     if wait > 0:
         retry_after = math.ceil(wait)
         raise HTTPException(

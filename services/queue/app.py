@@ -22,6 +22,14 @@ def create_celery(name: str, settings: Settings | None = None, include: list[str
         task_time_limit=settings.task_hard_time_limit_s,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
+        # Redis away: a worker keeps reconnecting (every 2, 4, ... up to 30 s) however long it takes, instead of
+        # exiting after Celery's default 100 tries (about 46 minutes), which `kernelzero up` would then have to
+        # restart into the same outage until its crash-loop limit stopped the whole platform.
+        broker_connection_max_retries=None,
+        # A job running when the connection drops finishes and stores its outcome in the database (it needs no
+        # Redis); cancelling it (Celery 6's default) would throw its work away. Its message, unacknowledged, comes
+        # back later and is skipped as finished.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         # Results live in the jobs table; Redis holds only queues.
         task_ignore_result=True,
         task_serializer="json",

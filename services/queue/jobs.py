@@ -22,15 +22,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import kombu.exceptions
+import redis
 import structlog
 from celery import Celery, Task
 from pydantic import TypeAdapter
-from sqlalchemy import delete, update
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
 from services.config import get_settings
 from services.db.models import Job, JobCheckpoint
-from services.db.session import session_scope
+from services.db.session import retry_while_database_away, session_scope, until_database_answers
 from services.queue.app import producer
 from services.queue.faults import fault_point
 from services.queue.liveness import heartbeat, hold, owner_alive, release, worker_name
@@ -45,6 +47,18 @@ CLAIM_TRIES = 3  # each failed claim means another delivery changed the row firs
 
 class JobNotFound(LookupError):
     pass
+
+
+class BrokerUnavailable(RuntimeError):
+    """A job is recorded (``queued``) but its message could not be sent: the sweeper sends it once the
+    broker answers and ``KZ_QUEUED_GRACE_S`` has passed, so the request sent again finds the same job."""
+
+    def __init__(self, job_id: str, cause: BaseException) -> None:
+        super().__init__(
+            f"Redis does not answer ({cause}); job {job_id} is recorded and will be sent once Redis is back: "
+            "send the request again to follow it"
+        )
+        self.job_id = job_id
 
 
 def idempotency_key(kind: str, payload: dict[str, Any]) -> str:
@@ -79,14 +93,15 @@ def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | Non
             session.add(job)
     except IntegrityError:  # a concurrent submission of the same input won the race
         return get_job(job_id)
+    fault_point("submit.after_record")
     try:
         (app or producer()).send_task(kind, args=[job_id], queue=queue, task_id=job_id)
-    except Exception:
-        # Not enqueued (Redis down): drop the record, or a resubmission would find a "queued"
-        # job that no message will ever run.
-        with session_scope() as session:
-            session.execute(delete(Job).where(Job.id == job_id, Job.status == "queued"))
-        raise
+    except (kombu.exceptions.OperationalError, redis.RedisError) as exc:
+        # Not sent (Redis away). The row stays "queued", as a lost message leaves it: the sweeper sends it
+        # once the broker answers and KZ_QUEUED_GRACE_S has passed. Deleting it instead would take away a job
+        # that a concurrent submission of the same input was already answered with.
+        log.warning("job.not_sent", job_id=job_id, kind=kind, queue=queue, error=f"{type(exc).__name__}: {exc}")
+        raise BrokerUnavailable(job_id, exc) from exc
     log.info("job.submitted", job_id=job_id, kind=kind, queue=queue)
     return job
 
@@ -99,6 +114,7 @@ def get_job(job_id: str) -> Job:
         return job
 
 
+@retry_while_database_away  # the database away: wait for it, or the delivery is spent and the job left "queued"
 def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
     """Count an attempt and claim the job for this process; return the job to run, or None with the
     reason to skip it (finished, unknown, or running on an owner that is alive)."""
@@ -140,6 +156,7 @@ def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
     return None, f"claimed by another delivery {CLAIM_TRIES} times while this one looked"
 
 
+@retry_while_database_away  # the database away: wait for it, or the outcome is lost and the job left "running"
 def _finish(
     job_id: str, status: str, result: dict[str, Any] | None, error: str | None, owner: tuple[str, int] | None = None
 ) -> bool:
@@ -181,7 +198,9 @@ def _run_attempt(job_id: str, work: JobFunction) -> None:
     owner = (worker_name(), job.attempts)
     with heartbeat(job_id, *owner, get_settings().worker_heartbeat_s):
         try:
-            result = work(job_id, job.payload)
+            # A job's writes are keyed by the job, so a body whose database went away mid-way runs again once it
+            # is back, instead of the job ending "failed" for a connection that was cut.
+            result = until_database_answers()(work, job_id, job.payload)
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
             log.exception("job.failed")
             _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)

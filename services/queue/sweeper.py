@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kombu.exceptions
 import redis
 import structlog
 from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import InstrumentedAttribute, load_only
 
 from services.config import get_settings
@@ -45,6 +47,7 @@ from services.queue.liveness import owner_alive, worker_name
 log = structlog.get_logger(__name__)
 
 SWEEP_KEY = "kernelzero:sweeper"
+STORE_AWAY = (redis.RedisError, kombu.exceptions.OperationalError, OperationalError, InterfaceError)
 
 
 @dataclass
@@ -154,6 +157,8 @@ def _sweep_forever() -> None:
                 sweep()
             else:  # another worker swept: try again when its turn runs out, so sweeps come every interval
                 pause_ms = min(interval_ms, max(int(client.pttl(SWEEP_KEY)), 0) + 10)
-        except Exception:  # Redis or the database away, or a bug: the thread must outlive it and try again
+        except STORE_AWAY as exc:  # Redis or the database away: one line per try, not a traceback
+            log.warning("sweeper.store_unavailable", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        except Exception:  # a bug: the thread must outlive it and try again
             log.exception("sweeper.sweep_failed")
         time.sleep(pause_ms / 1000)
