@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,23 +26,19 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
-from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from coder_svc.template import TemplateGenerator
-from processes import WorkerDidNotStart, WorkerProcess, launch_worker
+from processes import WorkerDidNotStart, WorkerProcess, launch_worker, reset_platform_caches
 from reward_svc.evaluate import Evaluator
-from servers import serve
+from servers import created_database, pick_free_port, serve
 from services.config import Settings, get_settings
 from services.db import migrate
-from services.db.session import engine_for
-from services.queue.app import producer
 
 TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_LOCK_KEY = "kernelzero:test-session"
-TESTS_DIR = Path(__file__).resolve().parent
 REDIS_DB_CANDIDATES = range(15, 7, -1)
 
 
@@ -52,15 +47,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
     pytest.skip(reason)
-
-
-def reset_platform_caches() -> None:
-    """Forget cached settings, engines and the producer so the next call reads the environment."""
-    if producer.cache_info().currsize:
-        producer().close()
-    producer.cache_clear()
-    engine_for.cache_clear()
-    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -88,13 +74,7 @@ def kz_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """Gives TCP ports nothing listens on right now (the kernel picked each, then we let it go)."""
-
-    def pick() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
-    return pick
+    return pick_free_port
 
 
 @pytest.fixture(scope="session")
@@ -128,22 +108,14 @@ def empty_redis(url: str) -> None:
 
 @contextmanager
 def throwaway_postgres_database() -> Iterator[str]:
-    """A fresh database on the real PostgreSQL, created through the admin URL and dropped after."""
-    admin_url = make_url(TEST_POSTGRES_URL)
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    name = f"kz_test_{secrets.token_hex(6)}"
+    """A fresh database on the real PostgreSQL (``KZ_TEST_POSTGRES_URL``), dropped after. Only for fixtures:
+    pytest ends a fixture without throwing the test's exceptions into it, so an OperationalError here is the
+    server's, before or after the test."""
     try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        with created_database(TEST_POSTGRES_URL) as url:
+            yield url
     except OperationalError as exc:
-        admin.dispose()
-        unavailable(f"PostgreSQL at {admin_url.render_as_string(hide_password=True)} unreachable: {exc.orig}")
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+        unavailable(f"PostgreSQL at {make_url(TEST_POSTGRES_URL).render_as_string(hide_password=True)} unreachable: {exc.orig}")
 
 
 @pytest.fixture(scope="session")

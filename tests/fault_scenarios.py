@@ -106,7 +106,7 @@ def ended_once(ended: Ended) -> list[str]:
     succeeded = Counter(event["job_id"] for event in events(ended.logs, "job.succeeded"))
     with session_scope() as session:
         counted = select(Score.job_id, func.count()).where(Score.job_id.in_(ended.jobs)).group_by(Score.job_id)
-        scores: dict[str, int] = {job_id: n for job_id, n in session.execute(counted)}
+        scores: dict[str, int] = {job_id: n for job_id, n in session.execute(counted) if job_id}
     for job in ended.jobs.values():
         if job.status == "failed" and not job.error:
             problems.append(f"{job.id} failed with no reason")
@@ -252,11 +252,12 @@ def api_killed_under_load(
     timeout_s: float = 120,
 ) -> Ended:
     """``clients`` threads each submit ``per_client`` distinct groups to the reward API one after another;
-    after a quarter of them were accepted the API process is SIGKILLed in the middle of a submission, and
-    ``down_s`` later started again (as ``kernelzero up`` would). The kill is the fault point
-    ``submit.after_record``, armed then: it lands in the worst window, the job recorded and its message not
-    sent, where a kill from outside lands only by chance. Notes: the submissions accepted, the connection
-    failures, the job the API recorded as it died, and the seconds from the kill to the API accepting again."""
+        after a quarter of them were accepted the API process is SIGKILLed in the middle of a submission, and
+        ``down_s`` later started again (as ``kernelzero up`` would). The kill is the fault point
+        ``submit.after_record``, armed then: it lands in the worst window, the job recorded and its message not
+        sent, where a kill from outside lands only by chance. Notes: the submissions accepted, the connection
+        failures, the jobs the API recorded but never sent (``api.log_path`` must be set: the jobs accepted whose
+    sending it did not log), and the seconds from the kill to the API accepting again."""
     workers = [start_worker("reward", app="fault_apps.reward")]
     marker = get_settings().data_dir / "faults" / SUBMIT_FAULT_POINT
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +290,7 @@ def api_killed_under_load(
     api.stop()
     ended = wait_until_ended(list(seen.accepted.values()), fault_ended, workers, timeout_s)
     ended.notes.update(
+        recorded_not_sent=marker.read_text(),  # the fault point leaves the job it interrupted in its marker
         submissions=clients * per_client,
         accepted=len(seen.accepted),
         connection_failures=seen.connection_failures,

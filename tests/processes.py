@@ -1,5 +1,6 @@
 """Processes of the platform started for a test or a benchmark: a Celery worker built as ``kernelzero up``
-builds it (``launch_worker``), and which processes a test left running (``leftovers``)."""
+builds it (``launch_worker``), which processes a test left running (``leftovers``); and this process's
+cached view of the platform (``reset_platform_caches``), to be dropped when the environment changes."""
 
 from __future__ import annotations
 
@@ -14,8 +15,19 @@ import psutil
 
 from services.cli.launcher import platform_commands
 from services.config import get_settings
+from services.db.session import engine_for
+from services.queue.app import producer
 
 TESTS_DIR = Path(__file__).resolve().parent
+
+
+def reset_platform_caches() -> None:
+    """Forget cached settings, engines and the producer so the next call reads the environment."""
+    if producer.cache_info().currsize:
+        producer().close()
+    producer.cache_clear()
+    engine_for.cache_clear()
+    get_settings.cache_clear()
 
 
 class WorkerDidNotStart(RuntimeError):

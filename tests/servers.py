@@ -1,12 +1,15 @@
 """Servers run for real: the whole platform by ``kernelzero up`` (``start_up``, ``wait_until_up``), a
 service's app by a uvicorn process, as ``kernelzero up`` serves it (``serve``, or ``ServiceProcess`` for one a
 test kills and starts again), an app object by uvicorn in a thread (``serving``), and a private
-``redis-server`` that a test may kill and start again (``RedisServer``)."""
+``redis-server`` that a test may kill and start again (``RedisServer``), and a throwaway PostgreSQL
+database (``created_database``)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +24,8 @@ import pytest
 import redis
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 
 from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceUnreachable, TrainerClient
 from services.config import SERVICE_NAMES, Settings
@@ -32,6 +37,29 @@ CLIENTS: dict[str, type[ServiceClient]] = {
     "reward": RewardClient,
     "trainer": TrainerClient,
 }
+
+
+def pick_free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel picked it, then we let it go)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def created_database(admin_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database, created through ``admin_url`` (a superuser's) and dropped after, even
+    with connections still open to it; its URL. OperationalError when the server does not answer."""
+    admin = create_engine(make_url(admin_url), isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    name = f"kz_test_{secrets.token_hex(6)}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
 
 
 def start_up(log: Path, *, sigint_ignored: bool = False) -> subprocess.Popen[bytes]:
@@ -83,6 +111,7 @@ class ServiceProcess:
 
     app: str
     port: int
+    log_path: Path | None = None  # its output, appended across restarts; None: thrown away
     popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -91,12 +120,13 @@ class ServiceProcess:
 
     def start(self, ready_timeout_s: float = 30, **env: str) -> None:
         """Start it (``env`` on top of this process's environment), and return once its readiness check answers."""
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", self.app, "--port", str(self.port), "--no-access-log"],
-            env=dict(os.environ) | env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with self.log_path.open("ab") if self.log_path else open(os.devnull, "wb") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", self.app, "--port", str(self.port), "--no-access-log"],
+                env=dict(os.environ) | env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline and self.popen.poll() is None:
             try:
@@ -106,6 +136,9 @@ class ServiceProcess:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"{self.app} not ready on port {self.port} after {ready_timeout_s} s (exit {self.popen.poll()})")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, requests in flight cut off."""

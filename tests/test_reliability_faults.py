@@ -133,25 +133,26 @@ def test_the_reward_api_killed_under_load_every_accepted_submission_ends_once(
     start_worker: Callable[..., WorkerProcess],
     free_port: Callable[[], int],
     record_property: Callable[[str, object], None],
+    tmp_path: Path,
 ) -> None:
     """Four clients submit 40 groups while the API process is SIGKILLed and started again: every
     submission answered 2xx has a job that ends once; a connection cut is the client's to send again
     (the submission is idempotent), and one the dead API recorded but never sent is the sweeper's."""
     port = free_port()
     platform_env(auth_enabled="false", quota_scored_candidates=0, reward_port=port, **FAST_RECOVERY)
-    ended = api_killed_under_load(ServiceProcess("reward_svc.api:app", port), start_worker)
+    ended = api_killed_under_load(ServiceProcess("reward_svc.api:app", port, tmp_path / "reward-api.log"), start_worker)
     report(ended, record_property, "api-kill")
     assert ended.notes["api_exit_code"] == -signal.SIGKILL
     assert ended.notes["accepted"] == ended.notes["submissions"]  # each client got through in the end
     assert ended.notes["other_answers"] == {}  # no 5xx, before or after the kill
     assert all(job.status == "succeeded" for job in ended.jobs.values()), [j.error for j in ended.jobs.values()]
     # The job the API recorded as it died had no message: its client, sent again, was answered with it, and the
-    # sweeper sent it once its grace passed (the lost message counts an attempt). Every other job ran once.
-    [orphan] = [job for job in ended.jobs.values() if job.attempts != 1]
-    assert (
-        orphan.attempts == 2
-        and f'"job_id": "{orphan.id}", "kind": "reward.score_group", "why": "the broker lost its message"' in "".join(ended.logs)
-    )
+    # sweeper sent it once its grace passed. (Other jobs may have been sent again too: the sweeper takes a message
+    # a worker holds unstarted past the grace for lost, which a busy machine can make happen; they end once all the same.)
+    orphan = ended.jobs[ended.notes["recorded_not_sent"]]  # a job some client was answered with
+    assert (orphan.id, "the broker lost its message") in {
+        (e["job_id"], e["why"]) for e in events(ended.logs, "sweeper.sent_again")
+    }
 
 
 def test_a_threads_pool_worker_killed_with_jobs_on_its_threads_gives_each_back_once(

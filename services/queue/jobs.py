@@ -71,13 +71,17 @@ def job_id_for(key: str) -> str:
 
 
 def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | None = None) -> Job:
-    """Record the job and enqueue it, unless the same input was submitted before."""
+    """Record the job and enqueue it, unless the same input was submitted before. A job recorded while
+    Redis was away (``BrokerUnavailable``: sent nowhere, ``enqueued_at`` empty) is sent by the next
+    submission of the same input, or by the sweeper once ``KZ_QUEUED_GRACE_S`` has passed."""
     key = idempotency_key(kind, payload)
     job_id = job_id_for(key)
     with session_scope() as session:
         existing = session.get(Job, job_id)
-        if existing is not None:
-            return existing
+    if existing is not None:
+        if existing.status == "queued" and existing.enqueued_at is None:
+            _send_unsent(existing, app)
+        return existing
     try:
         with session_scope() as session:
             job = Job(
@@ -93,17 +97,39 @@ def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | Non
             session.add(job)
     except IntegrityError:  # a concurrent submission of the same input won the race
         return get_job(job_id)
-    fault_point("submit.after_record")
-    try:
-        (app or producer()).send_task(kind, args=[job_id], queue=queue, task_id=job_id)
-    except (kombu.exceptions.OperationalError, redis.RedisError) as exc:
-        # Not sent (Redis away). The row stays "queued", as a lost message leaves it: the sweeper sends it
-        # once the broker answers and KZ_QUEUED_GRACE_S has passed. Deleting it instead would take away a job
-        # that a concurrent submission of the same input was already answered with.
-        log.warning("job.not_sent", job_id=job_id, kind=kind, queue=queue, error=f"{type(exc).__name__}: {exc}")
-        raise BrokerUnavailable(job_id, exc) from exc
+    fault_point("submit.after_record", about=job_id)
+    _send(job, app)
     log.info("job.submitted", job_id=job_id, kind=kind, queue=queue)
     return job
+
+
+def _send(job: Job, app: Celery | None) -> None:
+    """Send the job's message; if Redis is away, say on the row that it was sent nowhere, and raise
+    ``BrokerUnavailable``. The row stays "queued" rather than being deleted: a concurrent submission of
+    the same input may have been answered with it already."""
+    try:
+        (app or producer()).send_task(job.kind, args=[job.id], queue=job.queue, task_id=job.id)
+    except (kombu.exceptions.OperationalError, redis.RedisError) as exc:
+        log.warning("job.not_sent", job_id=job.id, kind=job.kind, queue=job.queue, error=f"{type(exc).__name__}: {exc}")
+        with session_scope() as session:
+            session.execute(update(Job).where(Job.id == job.id, Job.status == "queued").values(enqueued_at=None))
+        job.enqueued_at = None
+        raise BrokerUnavailable(job.id, exc) from exc
+
+
+def _send_unsent(job: Job, app: Celery | None) -> None:
+    """Send a job recorded while Redis was away, if this submission is the one to mark it sent (a
+    conditioned update: of concurrent submissions, and the sweeper, one sends)."""
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        marked = session.execute(
+            update(Job).where(Job.id == job.id, Job.status == "queued", Job.enqueued_at.is_(None)).values(enqueued_at=now)
+        )
+        if marked.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's result is a CursorResult
+            return
+    job.enqueued_at = now
+    _send(job, app)
+    log.info("job.submitted", job_id=job.id, kind=job.kind, queue=job.queue, why="recorded while Redis was away")
 
 
 def get_job(job_id: str) -> Job:
