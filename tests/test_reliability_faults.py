@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
 
 from fault_scenarios import (
     FAST_RECOVERY,
@@ -119,6 +120,7 @@ def test_database_connections_cut_every_job_ends_once(
         with TestClient(app) as client:
             answer = client.get("/v1/jobs/some-job", headers={"Authorization": "Bearer kz_not-checked-yet"})
             assert_unavailable(answer, "the database does not answer")
+            assert make_url(private_postgres_url).database not in answer.text  # no internals to a caller without a key
 
     ended = postgres_outage(private_postgres_url, start_worker, during_outage=request_while_the_database_is_away)
     report(ended, record_property, "postgres")
