@@ -9,6 +9,8 @@ recover is printed and recorded (``record_property``), never asserted: ``benchma
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,10 @@ from processes import WorkerProcess
 from servers import RedisServer, ServiceProcess
 from services.config import Settings
 from services.db import migrate
+from services.queue.app import redis_client
 from services.queue.jobs import idempotency_key, job_id_for
 from services.queue.names import SCORE_GROUP_TASK
+from services.queue.sweeper import sweep_turn
 
 
 @pytest.fixture
@@ -120,7 +124,7 @@ def test_database_connections_cut_every_job_ends_once(
         with TestClient(app) as client:
             answer = client.get("/v1/jobs/some-job", headers={"Authorization": "Bearer kz_not-checked-yet"})
             assert_unavailable(answer, "the database does not answer")
-            assert make_url(private_postgres_url).database not in answer.text  # no internals to a caller without a key
+            assert str(make_url(private_postgres_url).database) not in answer.text  # no internals to a caller without a key
 
     ended = postgres_outage(private_postgres_url, start_worker, during_outage=request_while_the_database_is_away)
     report(ended, record_property, "postgres")
@@ -171,3 +175,33 @@ def test_a_threads_pool_worker_killed_with_jobs_on_its_threads_gives_each_back_o
     killed = [job for job in ended.jobs.values() if job.attempts == 2]
     assert len(killed) == ended.notes["running_when_killed"], [(j.id, j.attempts) for j in ended.jobs.values()]
     assert all(job.status == "succeeded" for job in ended.jobs.values()), [j.error for j in ended.jobs.values()]
+
+
+def test_a_redis_that_takes_connections_and_never_answers_costs_a_timeout_not_a_hang(
+    kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis host gone silent (a network cut: no refusal, no answer) must not hang the sweeper's thread,
+    and with it every recovery, nor an API request: each gives up after the client's timeout. (redis-py 8
+    has a timeout of its own, 5 s, so this passes without ``redis_client``'s too; with redis-py 5.x, which
+    pyproject.toml allows and whose default is none, it would not.)"""
+    import services.queue.app
+    from reward_svc.api import app
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel completes the handshakes; nothing ever reads or answers
+        kz_env(auth_enabled="false", redis_url=f"redis://127.0.0.1:{silent.getsockname()[1]}/0", sweep_interval_s=3)
+        monkeypatch.setattr(services.queue.app, "REDIS_TIMEOUT_S", 0.5)
+        outcomes: dict[str, object] = {}
+
+        def meet_the_silence() -> None:
+            outcomes["next sweep in ms"] = sweep_turn(redis_client())
+            with TestClient(app) as client:
+                outcomes["answer"] = client.post("/v1/score/group", json=group("silent", 0).model_dump(mode="json"))
+
+        meeting = threading.Thread(target=meet_the_silence, daemon=True)
+        meeting.start()
+        meeting.join(60)
+        assert not meeting.is_alive(), "still waiting on a Redis that never answers"
+    assert outcomes["next sweep in ms"] == 3000  # the turn gave up; the thread sweeps again next interval
+    assert_unavailable(outcomes["answer"], "the quota store (Redis) does not answer (TimeoutError)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import redis
 from celery import Celery
 
 from services.config import Settings, get_settings
@@ -47,3 +48,17 @@ def create_celery(name: str, settings: Settings | None = None, include: list[str
 def producer() -> Celery:
     """The app that HTTP services use to send jobs by name to any queue."""
     return create_celery("kernelzero-producer")
+
+
+REDIS_TIMEOUT_S = 5.0
+
+
+def redis_client(url: str | None = None) -> redis.Redis:
+    """A client of the platform's Redis (``url``: the settings' by default) that gives up on one that does not
+    answer, a host gone or a network cut rather than a refused connection, within ``REDIS_TIMEOUT_S`` for the
+    connection and for each reply. Stated, not left to redis-py: its default is no timeout at all in the
+    5.x releases pyproject.toml allows (8.x waits 5 s), and no timeout would hang an API request, or the
+    sweeper's thread and with it every recovery, until TCP itself gave up (many minutes)."""
+    return redis.Redis.from_url(
+        url or get_settings().redis_url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
+    )
