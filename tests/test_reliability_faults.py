@@ -183,7 +183,7 @@ def test_a_redis_that_takes_connections_and_never_answers_costs_a_timeout_not_a_
     """A Redis host gone silent (a network cut: no refusal, no answer) must not hang the sweeper's thread,
     and with it every recovery, nor an API request: each gives up after the client's timeout. (redis-py 8
     has a timeout of its own, 5 s, so this passes without ``redis_client``'s too; with redis-py 5.x, which
-    pyproject.toml allows and whose default is none, it would not.)"""
+    pyproject.toml allows and whose default is none, ``redis_client``'s are what bound it.)"""
     import services.queue.app
     from reward_svc.api import app
 
