@@ -199,9 +199,9 @@ def postgres_outage(
             ).scalar_one()
         during_outage()
         time.sleep(outage_s)
+    finally:  # whatever failed meanwhile, the database takes connections again
         with admin.connect() as conn:
             conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-    finally:
         admin.dispose()
     fault_ended = time.time()
     ended = wait_until_ended(job_ids, fault_ended, workers, timeout_s)
@@ -220,12 +220,13 @@ class Submissions:
     connection_failures: int = 0
     other_answers: Counter[int] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)  # the scenario gave up
 
 
 def submit_until_accepted(client: httpx.Client, tag: str, job_s: float, seen: Submissions, give_up_at: float) -> None:
     """One group, sent again (it is idempotent) after a connection failure, as a client should."""
     body = group(tag, job_s).model_dump(mode="json")
-    while time.monotonic() < give_up_at:
+    while time.monotonic() < give_up_at and not seen.stop.is_set():
         try:
             answer = client.post("/v1/score/group", json=body)
         except httpx.TransportError:
@@ -273,21 +274,24 @@ def api_killed_under_load(
                 submit_until_accepted(client, f"{prefix}-{index}-{i}", job_s, seen, give_up_at)
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    wait_for(lambda: len(seen.accepted) >= clients * per_client // 4, 60, "a quarter of the submissions accepted")
-    marker.unlink()  # armed: the next submission's API process SIGKILLs itself between its row and its message
-    assert api.popen is not None
-    died_with = api.popen.wait(timeout=60)
-    killed, accepted_before = time.monotonic(), len(seen.accepted)
-    time.sleep(down_s)
-    api.start(KZ_FAULT_POINT=SUBMIT_FAULT_POINT)  # fired: the marker is back
-    fault_ended = time.time()
-    wait_for(lambda: len(seen.accepted) > accepted_before, 60, "a submission accepted after the restart")
-    serving_again_s = time.monotonic() - killed
-    for thread in threads:
-        thread.join()
-    api.stop()
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(seen.accepted) >= clients * per_client // 4, 60, "a quarter of the submissions accepted")
+        marker.unlink()  # armed: the next submission's API process SIGKILLs itself between its row and its message
+        assert api.popen is not None
+        died_with = api.popen.wait(timeout=60)
+        killed, accepted_before = time.monotonic(), len(seen.accepted)
+        time.sleep(down_s)
+        api.start(KZ_FAULT_POINT=SUBMIT_FAULT_POINT)  # fired: the marker is back
+        fault_ended = time.time()
+        wait_for(lambda: len(seen.accepted) > accepted_before, 60, "a submission accepted after the restart")
+        serving_again_s = time.monotonic() - killed
+        for thread in threads:
+            thread.join()
+    finally:  # however the scenario ends, its clients and its API process end with it
+        seen.stop.set()
+        api.stop()
     ended = wait_until_ended(list(seen.accepted.values()), fault_ended, workers, timeout_s)
     ended.notes.update(
         recorded_not_sent=marker.read_text(),  # the fault point leaves the job it interrupted in its marker

@@ -135,7 +135,9 @@ class ServiceProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"{self.app} not ready on port {self.port} after {ready_timeout_s} s (exit {self.popen.poll()})")
+        exit_code = self.popen.poll()
+        self.kill()
+        raise RuntimeError(f"{self.app} not ready on port {self.port} after {ready_timeout_s} s (exit {exit_code})")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
