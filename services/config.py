@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(
         default=10.0, gt=0, description="How often the workers look for such jobs; one sweep per interval across them all."
     )
+    database_retry_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="How long a worker's job bookkeeping and job body wait for a database that is away (a connection "
+        "refused or cut) before the error stands; an API request never waits: it answers 503.",
+    )
     gpu_devices: list[int] = Field(default_factory=list, description="GPU indices with one scoring queue each.")
 
     # Reward service

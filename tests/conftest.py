@@ -4,7 +4,8 @@
   Celery producer reset, because every one of them is an ``lru_cache`` keyed on nothing.
 - ``redis_url``: the shared Redis, but a database number this test session alone holds (a lock
   key claims it), so concurrent test runs on one machine do not eat each other's messages.
-- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after.
+- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after;
+  ``private_postgres_url`` one per test.
 - ``platform_env``: ``kz_env`` + that Redis database (emptied) + a migrated SQLite database.
 - ``start_worker``: a real Celery worker process, built exactly as ``kernelzero up`` builds it.
 
@@ -16,37 +17,28 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlparse
 
-import psutil
 import pytest
 import redis
-from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from coder_svc.template import TemplateGenerator
+from processes import WorkerDidNotStart, WorkerProcess, launch_worker, reset_platform_caches
 from reward_svc.evaluate import Evaluator
-from servers import serve
-from services.cli.launcher import platform_commands
+from servers import created_database, pick_free_port, serve
 from services.config import Settings, get_settings
 from services.db import migrate
-from services.db.session import engine_for
-from services.queue.app import producer
 
 TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_LOCK_KEY = "kernelzero:test-session"
-TESTS_DIR = Path(__file__).resolve().parent
 REDIS_DB_CANDIDATES = range(15, 7, -1)
 
 
@@ -55,15 +47,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip)")
     pytest.skip(reason)
-
-
-def reset_platform_caches() -> None:
-    """Forget cached settings, engines and the producer so the next call reads the environment."""
-    if producer.cache_info().currsize:
-        producer().close()
-    producer.cache_clear()
-    engine_for.cache_clear()
-    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -91,13 +74,7 @@ def kz_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """Gives TCP ports nothing listens on right now (the kernel picked each, then we let it go)."""
-
-    def pick() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-
-    return pick
+    return pick_free_port
 
 
 @pytest.fixture(scope="session")
@@ -129,22 +106,31 @@ def empty_redis(url: str) -> None:
             client.delete(key)
 
 
+@contextmanager
+def throwaway_postgres_database() -> Iterator[str]:
+    """A fresh database on the real PostgreSQL (``KZ_TEST_POSTGRES_URL``), dropped after. Only for fixtures:
+    pytest ends a fixture without throwing the test's exceptions into it, so an OperationalError here is the
+    server's, before or after the test."""
+    try:
+        with created_database(TEST_POSTGRES_URL) as url:
+            yield url
+    except OperationalError as exc:
+        unavailable(f"PostgreSQL at {make_url(TEST_POSTGRES_URL).render_as_string(hide_password=True)} unreachable: {exc.orig}")
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A fresh database on the real PostgreSQL, created through the admin URL and dropped after."""
-    admin_url = make_url(TEST_POSTGRES_URL)
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    name = f"kz_test_{secrets.token_hex(6)}"
-    try:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    except OperationalError as exc:
-        admin.dispose()
-        unavailable(f"PostgreSQL at {admin_url.render_as_string(hide_password=True)} unreachable: {exc.orig}")
-    yield admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    """A database of this test session's own on the real PostgreSQL."""
+    with throwaway_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def private_postgres_url() -> Iterator[str]:
+    """A database of this test's own on the real PostgreSQL: one the test may cut off (its connections
+    terminated, new ones refused) without touching any other test's."""
+    with throwaway_postgres_database() as url:
+        yield url
 
 
 @pytest.fixture
@@ -156,34 +142,6 @@ def platform_env(kz_env: Callable[..., Settings], redis_url: str) -> Callable[..
     return kz_env
 
 
-@dataclass
-class WorkerProcess:
-    """A Celery worker started by a test: its main process and the log it writes."""
-
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def pool_pids(self) -> set[int]:
-        return {child.pid for child in psutil.Process(self.popen.pid).children(recursive=True)}
-
-    def stop(self) -> None:
-        """SIGTERM the worker's process group, SIGKILL what is left after a grace period."""
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.popen.wait()
-
-
 @pytest.fixture
 def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``<service>.worker`` as ``kernelzero up`` would; extra KZ_ fields go to its environment."""
@@ -191,21 +149,11 @@ def start_worker(platform_env: Callable[..., Settings], tmp_path: Path) -> Itera
 
     def start(service: str = "trainer", app: str | None = None, ready_timeout_s: float = 60, **fields: object) -> WorkerProcess:
         """``app`` swaps the service's worker module for one under tests/ (e.g. ``worker_apps``)."""
-        env = dict(os.environ) | {f"KZ_{k.upper()}": str(v) for k, v in fields.items()}
-        command = next(p.command for p in platform_commands(get_settings(), (service,)) if p.name.endswith("worker"))
-        if app is not None:
-            command[command.index("-A") + 1] = app
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-        log_path = tmp_path / f"{service}-worker-{len(workers)}.log"
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        worker = WorkerProcess(popen, log_path)
+        try:
+            worker = launch_worker(service, tmp_path / f"{service}-worker-{len(workers)}.log", app, ready_timeout_s, **fields)
+        except WorkerDidNotStart as exc:
+            pytest.fail(str(exc))
         workers.append(worker)
-        deadline = time.monotonic() + ready_timeout_s
-        while " ready." not in worker.log():
-            if popen.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"{service} worker did not start (exit {popen.poll()}):\n{worker.log()[-3000:]}")
-            time.sleep(0.1)
         return worker
 
     yield start

@@ -21,7 +21,7 @@ from services.api.app import create_service_app
 from services.config import Settings
 from services.db.models import Job
 from services.queue.app import producer
-from services.queue.jobs import get_job, submit_job
+from services.queue.jobs import BrokerUnavailable, get_job, submit_job
 from services.queue.names import TRAINING, probe_task_name
 
 PROBE = probe_task_name("trainer")
@@ -142,15 +142,20 @@ def test_time_limits_end_a_job_as_failed(platform_env: Callable[..., Settings], 
     assert hard.error is not None and hard.error.startswith("TimeLimitExceeded")
 
 
-def test_submission_that_cannot_be_enqueued_leaves_no_orphan(
+def test_a_submission_that_cannot_be_enqueued_is_kept_and_sent_by_the_next_one(
     platform_env: Callable[..., Settings], free_port: Callable[[], int]
 ) -> None:
+    """Redis away: the job is recorded as sent nowhere (the sweeper would send it after the grace); the same
+    input submitted once Redis is back sends it at once, and only once."""
     url = platform_env().redis_url
     platform_env(redis_url=f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(Exception, match="Connection refused"):
+    with pytest.raises(BrokerUnavailable, match="Connection refused") as refused:
         submit_job(PROBE, {"token": "orphan"}, TRAINING)
+    recorded = get_job(refused.value.job_id)
+    assert (recorded.status, recorded.enqueued_at) == ("queued", None)
 
-    platform_env(redis_url=url)  # Redis is back: the same input is accepted and really enqueued
+    platform_env(redis_url=url)  # Redis is back: the same input finds its job and really enqueues it
     job = submit_job(PROBE, {"token": "orphan"}, TRAINING)
-    assert job.status == "queued"
+    again = submit_job(PROBE, {"token": "orphan"}, TRAINING)
+    assert job.id == again.id == recorded.id and job.status == "queued" and job.enqueued_at is not None
     assert redis.Redis.from_url(url).llen(TRAINING) == 1

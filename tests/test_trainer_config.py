@@ -3,11 +3,18 @@ on one line: never hours into a run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+from annotated_types import Le, Lt
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, StrictInt
+from pydantic.fields import FieldInfo
 
-from trainer.config import CoderRLConfig, ColdStartConfig, ConfigError, LoRAConfig, load_config
+from services.config import Settings
+from trainer.config import CoderRLConfig, ColdStartConfig, ConfigError, LoopConfig, LoRAConfig, ProposerRLConfig, load_config
 from trainer.tiny_model import build_tiny_lm
 
 
@@ -66,3 +73,73 @@ def test_what_needs_the_model_is_checked_before_the_run(tmp_path: Path, model_di
         CoderRLConfig(model_path=model_dir).check(group_size_served=4)
     CoderRLConfig(model_path=model_dir, lora=LoRAConfig(target_modules=["q_proj", "v_proj"])).check(group_size_served=8)
     ColdStartConfig(model_path=model_dir, lora=None).check()
+
+
+def int_fields(model: type[BaseModel]) -> Iterator[tuple[str, FieldInfo]]:
+    """Every integer field of a run configuration and of the configurations it holds, by its dotted name."""
+    for name, info in model.model_fields.items():
+        nested = [t for t in get_args(info.annotation) or [info.annotation] if isinstance(t, type) and issubclass(t, BaseModel)]
+        for inner in nested:
+            yield from ((f"{name}.{n}", i) for n, i in int_fields(inner))
+        if int in get_args(info.annotation) or info.annotation in (int, StrictInt):
+            yield name, info
+
+
+@pytest.mark.parametrize("kind", [CoderRLConfig, ProposerRLConfig, ColdStartConfig, LoopConfig])
+def test_every_count_of_a_run_has_an_upper_bound(kind: type[BaseModel]) -> None:
+    """A count without one lets any key queue a run of millions of steps or a batch no device holds."""
+    unbounded = [name for name, info in int_fields(kind) if not any(isinstance(m, Le | Lt) for m in info.metadata)]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings", "reason"),
+    [
+        (CoderRLConfig, {"warmup_steps": 100_001}, "warmup_steps: Input should be less than or equal to 100000"),
+        (CoderRLConfig, {"groups_per_step": 1025}, "groups_per_step: Input should be less than or equal to 1024"),
+        (CoderRLConfig, {"micro_batch_size": 4096}, "micro_batch_size: Input should be less than or equal to 1024"),
+        (CoderRLConfig, {"max_staleness": 101}, "max_staleness: Input should be less than or equal to 100"),
+        (CoderRLConfig, {"max_completion_tokens": 10**9}, "max_completion_tokens: Input should be less than or equal to 131072"),
+        (ColdStartConfig, {"max_steps": 10**7}, "max_steps: Input should be less than or equal to 100000"),
+        (
+            ColdStartConfig,
+            {"gradient_accumulation_steps": 1025},
+            "gradient_accumulation_steps: Input should be less than or equal to 1024",
+        ),
+        (ColdStartConfig, {"epochs": 1e6}, "epochs: Input should be less than or equal to 1000"),
+        (LoopConfig, {"coder_steps": 10_001}, "coder_steps: Input should be less than or equal to 10000"),
+        (LoopConfig, {"tasks_per_round": 10**6}, "tasks_per_round: Input should be less than or equal to 10000"),
+        (LoopConfig, {"coder": {"groups_per_step": 2000}}, "coder.groups_per_step: Input should be less than or equal to 1024"),
+        (
+            LoopConfig,
+            {"coder_steps": 5000, "coder": {"groups_per_step": 8}},
+            "40000 tasks per round (coder_steps 5000 x coder.groups_per_step 8) is over the bound of 10000",
+        ),
+    ],
+)
+def test_a_count_over_its_bound_is_refused_with_the_field_and_the_bound(
+    model_dir: Path, kind: type[BaseModel], settings: dict[str, Any], reason: str
+) -> None:
+    overrides: dict[str, Any] = {"model_path": model_dir, **settings}
+    if kind is LoopConfig:
+        overrides = {**settings, "coder": {"model_path": str(model_dir), **settings.get("coder", {})}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(kind, None, overrides)  # type: ignore[type-var]  # each of the run configurations
+    assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_trainer_api_refuses_a_run_over_a_bound_with_a_422_naming_it(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
+    kz_env(auth_enabled="false")
+    from trainer.api import app
+
+    with TestClient(app) as client:
+        for config, field, bound in (
+            ({"coder": {"model_path": str(tmp_path)}, "rounds": 10_001}, ["body", "rounds"], "10000"),
+            ({"coder": {"model_path": str(tmp_path), "micro_batch_size": 10**6}}, ["body", "coder", "micro_batch_size"], "1024"),
+        ):
+            answer = client.post("/v1/runs", json=config)
+            assert answer.status_code == 422, answer.text
+            [error] = answer.json()["detail"]
+            assert error["loc"] == field and f"less than or equal to {bound}" in error["msg"]
+        answer = client.post("/v1/runs", json={"coder": {"model_path": str(tmp_path)}, "coder_steps": 10_000})
+        assert answer.status_code == 422 and "40000 tasks per round" in answer.text

@@ -22,11 +22,23 @@ class ConfigError(ValueError):
     """A run configuration that cannot work; the message says why, in one line."""
 
 
+# Upper bounds on every count a run is given: far above any run this platform makes (a step count of the
+# papers' runs is in the hundreds, a batch in the tens), low enough that a typo or a hostile submission
+# (anyone with a key may submit a run) cannot queue a run of millions of steps or ask for a batch no
+# device holds. Over one, the config is refused with the field and the bound.
+MAX_STEPS = 100_000  # optimizer steps of a cold start, warm-up steps
+MAX_STEPS_PER_ROUND = 10_000  # the Coder's or the Proposer's steps in one round of the loop
+MAX_BATCH = 1024  # sequences per pass, groups per step, accumulation steps
+MAX_TOKENS = 131_072  # a prompt or a completion, a trace's length
+MAX_STALENESS = 100  # model versions a group may lag behind
+MAX_TASKS_PER_ROUND = 10_000  # tasks the frontier picks in one round (coder_steps x groups_per_step by default)
+
+
 class LoRAConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     r: StrictInt = Field(16, ge=1, le=1024, description="Rank of the adapter's matrices.")
-    alpha: StrictInt = Field(32, ge=1, description="Scale of the adapter's update (alpha / r multiplies it).")
+    alpha: StrictInt = Field(32, ge=1, le=8192, description="Scale of the adapter's update (alpha / r multiplies it).")
     dropout: StrictFiniteFloat = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="Module names the adapter wraps (suffixes, as peft matches them), or every linear layer."
@@ -59,13 +71,13 @@ class PolicyRLConfig(BaseModel):
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
     learning_rate: StrictFiniteFloat = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
-    warmup_steps: StrictInt = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
+    warmup_steps: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Optimizer steps of linear warm-up.")
     weight_decay: StrictFiniteFloat = Field(0.0, ge=0)
     max_grad_norm: StrictFiniteFloat = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
     group_size: StrictInt = Field(8, ge=2, le=64, description="G: samples per prompt; advantages are relative within a group.")
-    groups_per_step: StrictInt = Field(4, ge=1, description="Groups (prompts) per optimizer step.")
+    groups_per_step: StrictInt = Field(4, ge=1, le=MAX_BATCH, description="Groups (prompts) per optimizer step.")
     micro_batch_size: StrictInt = Field(
-        4, ge=1, description="Sequences per forward/backward pass (gradients accumulate over a step)."
+        4, ge=1, le=MAX_BATCH, description="Sequences per forward/backward pass (gradients accumulate over a step)."
     )
     epsilon_low: StrictFiniteFloat = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio (1 - ε_low).")
     epsilon_high: StrictFiniteFloat = Field(0.28, gt=0, description="Upper clip (1 + ε_high); DAPO's clip-higher: 0.28.")
@@ -76,9 +88,11 @@ class PolicyRLConfig(BaseModel):
     temperature: StrictFiniteFloat = Field(
         1.0, gt=0, description="The sampling temperature: logits are divided by it, as the sampler's were."
     )
-    max_staleness: StrictInt = Field(2, description="K: groups generated more than K model versions ago are dropped.")
-    max_prompt_tokens: StrictInt = Field(4096, ge=1)
-    max_completion_tokens: StrictInt = Field(4096, ge=1)
+    max_staleness: StrictInt = Field(
+        2, le=MAX_STALENESS, description="K: groups generated more than K model versions ago are dropped."
+    )
+    max_prompt_tokens: StrictInt = Field(4096, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: StrictInt = Field(4096, ge=1, le=MAX_TOKENS)
     bf16: bool | None = Field(None, description="bf16 autocast; None: on where a GPU is.")
     seed: StrictInt = Field(0, ge=0, lt=2**32, description="numpy, which transformers seeds too, takes 32-bit seeds.")
 
@@ -117,7 +131,7 @@ class ProposerRLConfig(PolicyRLConfig):
     frontier_width: StrictFiniteFloat = Field(0.2, gt=0, description="Standard deviation of the gaussian shape.")
     difficulty: StrictFiniteFloat = Field(0.5, ge=0, le=1, description="The difficulty hint of the Proposer's prompt.")
     max_ops: StrictInt = Field(6, ge=1, le=32, description="The operation bound of the Proposer's prompt.")
-    max_completion_tokens: StrictInt = Field(2048, ge=1)
+    max_completion_tokens: StrictInt = Field(2048, ge=1, le=MAX_TOKENS)
 
 
 class ColdStartConfig(BaseModel):
@@ -129,11 +143,15 @@ class ColdStartConfig(BaseModel):
     model_path: Path = Field(..., description="Local Hugging Face model directory of the Coder's base model.")
     lora: LoRAConfig | None = Field(LoRAConfig(), description="Train a LoRA adapter (None: every weight).")
     learning_rate: StrictFiniteFloat = Field(2e-5, gt=0, le=1, description="Peak learning rate.")
-    epochs: StrictFiniteFloat = Field(2.0, gt=0, description="Passes over the traces.")
-    max_steps: StrictInt = Field(-1, ge=-1, description="Stop after this many optimizer steps (-1: the epochs decide).")
-    batch_size: StrictInt = Field(4, ge=1, description="Traces per device per forward/backward pass.")
-    gradient_accumulation_steps: StrictInt = Field(1, ge=1)
-    max_length: StrictInt = Field(8192, ge=16, description="Prompt and completion tokens kept per trace (longer ones are cut).")
+    epochs: StrictFiniteFloat = Field(2.0, gt=0, le=1000, description="Passes over the traces.")
+    max_steps: StrictInt = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Stop after this many optimizer steps (-1: the epochs decide)."
+    )
+    batch_size: StrictInt = Field(4, ge=1, le=MAX_BATCH, description="Traces per device per forward/backward pass.")
+    gradient_accumulation_steps: StrictInt = Field(1, ge=1, le=MAX_BATCH)
+    max_length: StrictInt = Field(
+        8192, ge=16, le=MAX_TOKENS, description="Prompt and completion tokens kept per trace (longer ones are cut)."
+    )
     bf16: bool | None = Field(None, description="bf16; None: on where a GPU is.")
     seed: StrictInt = Field(0, ge=0, lt=2**32, description="numpy, which transformers seeds too, takes 32-bit seeds.")
 
@@ -162,10 +180,15 @@ class LoopConfig(BaseModel):
         None, description="The Proposer's GRPO settings (its model_path is the Proposer's base model); needed for proposer_steps."
     )
     rounds: StrictInt = Field(1, ge=1, le=10_000, description="Rounds of the loop.")
-    coder_steps: StrictInt = Field(20, ge=1, description="N: the Coder's optimizer steps per round.")
-    proposer_steps: StrictInt = Field(0, ge=0, description="M: the Proposer's optimizer steps per round (0: it is not trained).")
+    coder_steps: StrictInt = Field(20, ge=1, le=MAX_STEPS_PER_ROUND, description="N: the Coder's optimizer steps per round.")
+    proposer_steps: StrictInt = Field(
+        0, ge=0, le=MAX_STEPS_PER_ROUND, description="M: the Proposer's optimizer steps per round (0: it is not trained)."
+    )
     tasks_per_round: StrictInt | None = Field(
-        None, ge=1, description="Tasks the frontier picks per round; default: coder_steps x groups_per_step (one group each)."
+        None,
+        ge=1,
+        le=MAX_TASKS_PER_ROUND,
+        description="Tasks the frontier picks per round; default: coder_steps x groups_per_step (one group each).",
     )
     propose_per_round: StrictInt = Field(
         0, ge=0, le=500, description="New modules the Proposer composes and validates per round."
@@ -190,6 +213,11 @@ class LoopConfig(BaseModel):
             raise ValueError("proposer is set but proposer_steps is 0: give the Proposer's steps per round, or drop proposer")
         if self.proposer_steps and self.composer == "composer":
             raise ValueError("Proposer RL trains the llm composer: composer must be llm (or left to the service's)")
+        if self.tasks > MAX_TASKS_PER_ROUND:
+            raise ValueError(
+                f"{self.tasks} tasks per round (coder_steps {self.coder_steps} x coder.groups_per_step "
+                f"{self.coder.groups_per_step}) is over the bound of {MAX_TASKS_PER_ROUND}: set tasks_per_round, or fewer steps"
+            )
         return self
 
     @property

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import redis
 import structlog
@@ -15,6 +16,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from services.api.errors import error_answers
 from services.api.key_gate import KeyGate
 from services.api.routes_jobs import jobs_router
+from services.api.unavailable import UNAVAILABLE, answer_unavailable
 from services.api.validation_errors import validation_error_answer
 from services.config import get_settings
 from services.db.session import ping_database
@@ -42,12 +44,17 @@ def readiness() -> Readiness:
 
 def create_service_app(service: str, *routers: APIRouter, description: str = "") -> FastAPI:
     configure_logging(service)
+    exception_handlers: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
+        RequestValidationError: validation_error_answer
+    }
+    exception_handlers |= {kind: answer_unavailable for kind in UNAVAILABLE}
     app = FastAPI(
         title=f"KernelZero {service} service",
         version="0.1.0",
         description=description,
         max_body_size=get_settings().max_request_bytes,
-        exception_handlers={RequestValidationError: validation_error_answer},
+        # A store away (Redis, the database) is a 503 with the reason and Retry-After, never a 500.
+        exception_handlers=exception_handlers,
     )
     app.add_middleware(KeyGate)  # inside request_id (added after it), so its 401s carry a request id
 
@@ -77,6 +84,6 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
         return JSONResponse(state.model_dump(), status_code=200 if state.ready else 503)
 
     for router in (jobs_router(service), *routers):
-        app.include_router(router, prefix="/v1", responses=error_answers(401, 413))
+        app.include_router(router, prefix="/v1", responses=error_answers(401, 413, 503))
     Instrumentator().instrument(app).expose(app, include_in_schema=False)
     return app

@@ -14,7 +14,7 @@ MEANINGS = {
     404: "nothing with that id",
     413: "body larger than KZ_MAX_REQUEST_BYTES; refused unread",
     429: "over this key's quota; Retry-After says when the request would fit",
-    503: "a store the route needs (the quota store, Redis) does not answer",
+    503: "a store the route needs (the database, Redis) does not answer; Retry-After says when to try again",
 }
 
 

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.api.unavailable import UNAVAILABLE, unavailable_answer
 from services.auth import authenticate, presented_key
 from services.config import get_settings
 
@@ -30,5 +31,8 @@ class KeyGate:
                 request.state.api_key = await run_in_threadpool(authenticate, await presented_key(request))
             except HTTPException as refused:
                 await JSONResponse({"detail": refused.detail}, refused.status_code)(scope, receive, send)
+                return
+            except UNAVAILABLE as away:  # the key's lookup needs the database: 503, as a route would answer
+                await unavailable_answer(away)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -12,7 +12,9 @@ import redis
 from fastapi import HTTPException, Request, status
 from redis.commands.core import Script
 
+from services.api.unavailable import RETRY_AFTER_S
 from services.config import get_settings
+from services.queue.app import redis_client
 
 Quota = Literal["proposed_modules", "kernel_candidates", "scored_candidates"]
 
@@ -38,7 +40,7 @@ return tostring(wait)
 
 @lru_cache
 def _bucket_script(redis_url: str) -> Script:
-    return redis.Redis.from_url(redis_url).register_script(TOKEN_BUCKET)
+    return redis_client(redis_url).register_script(TOKEN_BUCKET)
 
 
 def caller(request: Request) -> str:
@@ -60,7 +62,11 @@ def charge(request: Request, quota: Quota, cost: int) -> None:
     try:
         wait = float(_bucket_script(settings.redis_url)(keys=[bucket], args=[capacity, rate, cost]))
     except redis.RedisError as exc:  # the job could not be queued either: not ready, say why
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"the quota store (Redis) does not answer: {exc}") from None
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"the quota store (Redis) does not answer ({type(exc).__name__})",  # its text (host, port) is not the caller's
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
     if wait > 0:
         retry_after = math.ceil(wait)
         raise HTTPException(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import redis
 from celery import Celery
 
 from services.config import Settings, get_settings
@@ -22,6 +23,14 @@ def create_celery(name: str, settings: Settings | None = None, include: list[str
         task_time_limit=settings.task_hard_time_limit_s,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         broker_connection_retry_on_startup=True,
+        # Redis away: a worker keeps reconnecting (every 2, 4, ... up to 30 s) however long it takes, instead of
+        # exiting after Celery's default 100 tries (about 46 minutes), which `kernelzero up` would then have to
+        # restart into the same outage until its crash-loop limit stopped the whole platform.
+        broker_connection_max_retries=None,
+        # A job running when the connection drops finishes and stores its outcome in the database (it needs no
+        # Redis); cancelling it (Celery 6's default) would throw its work away. Its message, unacknowledged, comes
+        # back later and is skipped as finished.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         # Results live in the jobs table; Redis holds only queues.
         task_ignore_result=True,
         task_serializer="json",
@@ -39,3 +48,17 @@ def create_celery(name: str, settings: Settings | None = None, include: list[str
 def producer() -> Celery:
     """The app that HTTP services use to send jobs by name to any queue."""
     return create_celery("kernelzero-producer")
+
+
+REDIS_TIMEOUT_S = 5.0
+
+
+def redis_client(url: str | None = None) -> redis.Redis:
+    """A client of the platform's Redis (``url``: the settings' by default) that gives up on one that does not
+    answer, a host gone or a network cut rather than a refused connection, within ``REDIS_TIMEOUT_S`` for the
+    connection and for each reply. Stated, not left to redis-py: its default is no timeout at all in the
+    5.x releases pyproject.toml allows (8.x waits 5 s), and no timeout would hang an API request, or the
+    sweeper's thread and with it every recovery, until TCP itself gave up (many minutes)."""
+    return redis.Redis.from_url(
+        url or get_settings().redis_url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
+    )

@@ -17,14 +17,18 @@ from services.config import get_settings
 ENV = "KZ_FAULT_POINT"
 
 
-def fault_point(name: str) -> None:
+def fault_point(name: str, about: str = "") -> None:
+    """Die here if ``KZ_FAULT_POINT`` names this point and it has not fired yet; ``about`` (what the process
+    was doing: a job's id) is left in the marker, for the test to know which work the death interrupted."""
     points = os.environ.get(ENV)
     if not points or name not in points.split(","):
         return
     markers = get_settings().data_dir / "faults"
     markers.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(markers / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        marker = os.open(markers / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:  # fired already: this is a later attempt
         return
+    os.write(marker, about.encode())
+    os.close(marker)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -22,15 +22,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import kombu.exceptions
+import redis
 import structlog
 from celery import Celery, Task
 from pydantic import TypeAdapter
-from sqlalchemy import delete, update
+from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
 from services.config import get_settings
 from services.db.models import Job, JobCheckpoint
-from services.db.session import session_scope
+from services.db.session import retry_while_database_away, session_scope, until_database_answers
 from services.queue.app import producer
 from services.queue.faults import fault_point
 from services.queue.liveness import heartbeat, hold, owner_alive, release, worker_name
@@ -47,6 +49,18 @@ class JobNotFound(LookupError):
     pass
 
 
+class BrokerUnavailable(RuntimeError):
+    """A job is recorded (``queued``) but its message could not be sent: the sweeper sends it once the
+    broker answers and ``KZ_QUEUED_GRACE_S`` has passed, so the request sent again finds the same job."""
+
+    def __init__(self, job_id: str, cause: BaseException) -> None:
+        super().__init__(
+            f"Redis does not answer ({cause}); job {job_id} is recorded and will be sent once Redis is back: "
+            "send the request again to follow it"
+        )
+        self.job_id = job_id
+
+
 def idempotency_key(kind: str, payload: dict[str, Any]) -> str:
     canonical = json.dumps({"kind": kind, "payload": payload}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -57,13 +71,17 @@ def job_id_for(key: str) -> str:
 
 
 def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | None = None) -> Job:
-    """Record the job and enqueue it, unless the same input was submitted before."""
+    """Record the job and enqueue it, unless the same input was submitted before. A job recorded while
+    Redis was away (``BrokerUnavailable``: sent nowhere, ``enqueued_at`` empty) is sent by the next
+    submission of the same input, or by the sweeper once ``KZ_QUEUED_GRACE_S`` has passed."""
     key = idempotency_key(kind, payload)
     job_id = job_id_for(key)
     with session_scope() as session:
         existing = session.get(Job, job_id)
-        if existing is not None:
-            return existing
+    if existing is not None:
+        if existing.status == "queued" and existing.enqueued_at is None:
+            _send_unsent(existing, app)
+        return existing
     try:
         with session_scope() as session:
             job = Job(
@@ -79,16 +97,39 @@ def submit_job(kind: str, payload: dict[str, Any], queue: str, app: Celery | Non
             session.add(job)
     except IntegrityError:  # a concurrent submission of the same input won the race
         return get_job(job_id)
-    try:
-        (app or producer()).send_task(kind, args=[job_id], queue=queue, task_id=job_id)
-    except Exception:
-        # Not enqueued (Redis down): drop the record, or a resubmission would find a "queued"
-        # job that no message will ever run.
-        with session_scope() as session:
-            session.execute(delete(Job).where(Job.id == job_id, Job.status == "queued"))
-        raise
+    fault_point("submit.after_record", about=job_id)
+    _send(job, app)
     log.info("job.submitted", job_id=job_id, kind=kind, queue=queue)
     return job
+
+
+def _send(job: Job, app: Celery | None) -> None:
+    """Send the job's message; if Redis is away, say on the row that it was sent nowhere, and raise
+    ``BrokerUnavailable``. The row stays "queued" rather than being deleted: a concurrent submission of
+    the same input may have been answered with it already."""
+    try:
+        (app or producer()).send_task(job.kind, args=[job.id], queue=job.queue, task_id=job.id)
+    except (kombu.exceptions.OperationalError, redis.RedisError) as exc:
+        log.warning("job.not_sent", job_id=job.id, kind=job.kind, queue=job.queue, error=f"{type(exc).__name__}: {exc}")
+        with session_scope() as session:
+            session.execute(update(Job).where(Job.id == job.id, Job.status == "queued").values(enqueued_at=None))
+        job.enqueued_at = None
+        raise BrokerUnavailable(job.id, exc) from exc
+
+
+def _send_unsent(job: Job, app: Celery | None) -> None:
+    """Send a job recorded while Redis was away, if this submission is the one to mark it sent (a
+    conditioned update: of concurrent submissions, and the sweeper, one sends)."""
+    now = datetime.now(UTC)
+    with session_scope() as session:
+        marked = session.execute(
+            update(Job).where(Job.id == job.id, Job.status == "queued", Job.enqueued_at.is_(None)).values(enqueued_at=now)
+        )
+        if marked.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's result is a CursorResult
+            return
+    job.enqueued_at = now
+    _send(job, app)
+    log.info("job.submitted", job_id=job.id, kind=job.kind, queue=job.queue, why="recorded while Redis was away")
 
 
 def get_job(job_id: str) -> Job:
@@ -99,6 +140,7 @@ def get_job(job_id: str) -> Job:
         return job
 
 
+@retry_while_database_away  # the database away: wait for it, or the delivery is spent and the job left "queued"
 def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
     """Count an attempt and claim the job for this process; return the job to run, or None with the
     reason to skip it (finished, unknown, or running on an owner that is alive)."""
@@ -140,6 +182,7 @@ def _begin_attempt(job_id: str) -> tuple[Job | None, str | None]:
     return None, f"claimed by another delivery {CLAIM_TRIES} times while this one looked"
 
 
+@retry_while_database_away  # the database away: wait for it, or the outcome is lost and the job left "running"
 def _finish(
     job_id: str, status: str, result: dict[str, Any] | None, error: str | None, owner: tuple[str, int] | None = None
 ) -> bool:
@@ -181,7 +224,9 @@ def _run_attempt(job_id: str, work: JobFunction) -> None:
     owner = (worker_name(), job.attempts)
     with heartbeat(job_id, *owner, get_settings().worker_heartbeat_s):
         try:
-            result = work(job_id, job.payload)
+            # A job's writes are keyed by the job, so a body whose database went away mid-way runs again once it
+            # is back, instead of the job ending "failed" for a connection that was cut.
+            result = until_database_answers()(work, job_id, job.payload)
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
             log.exception("job.failed")
             _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)

@@ -31,20 +31,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kombu.exceptions
 import redis
 import structlog
 from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import InstrumentedAttribute, load_only
 
 from services.config import get_settings
 from services.db.models import Job
 from services.db.session import session_scope
-from services.queue.app import producer
+from services.queue.app import producer, redis_client
 from services.queue.liveness import owner_alive, worker_name
 
 log = structlog.get_logger(__name__)
 
 SWEEP_KEY = "kernelzero:sweeper"
+STORE_AWAY = (redis.RedisError, kombu.exceptions.OperationalError, OperationalError, InterfaceError)
 
 
 @dataclass
@@ -144,16 +147,23 @@ def start_sweeper() -> threading.Thread:
 
 
 def _sweep_forever() -> None:
-    settings = get_settings()
-    client = redis.Redis.from_url(settings.redis_url)
-    interval_ms = max(1, int(settings.sweep_interval_s * 1000))
+    client = redis_client()
     while True:
-        pause_ms = interval_ms
-        try:
-            if client.set(SWEEP_KEY, worker_name(), nx=True, px=interval_ms):
-                sweep()
-            else:  # another worker swept: try again when its turn runs out, so sweeps come every interval
-                pause_ms = min(interval_ms, max(int(client.pttl(SWEEP_KEY)), 0) + 10)
-        except Exception:  # Redis or the database away, or a bug: the thread must outlive it and try again
-            log.exception("sweeper.sweep_failed")
-        time.sleep(pause_ms / 1000)
+        time.sleep(sweep_turn(client) / 1000)
+
+
+def sweep_turn(client: redis.Redis) -> int:
+    """Sweep if it is this worker's turn; the milliseconds to wait before the next turn. Never raises, and
+    never waits on a Redis that does not answer longer than the client's timeout: the thread must outlive
+    any outage and try again."""
+    interval_ms = max(1, int(get_settings().sweep_interval_s * 1000))
+    try:
+        if client.set(SWEEP_KEY, worker_name(), nx=True, px=interval_ms):
+            sweep()
+        else:  # another worker swept: try again when its turn runs out, so sweeps come every interval
+            return min(interval_ms, max(int(client.pttl(SWEEP_KEY)), 0) + 10)
+    except STORE_AWAY as exc:  # Redis or the database away: one line per try, not a traceback
+        log.warning("sweeper.store_unavailable", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+    except Exception:  # a bug: the thread must outlive it and try again
+        log.exception("sweeper.sweep_failed")
+    return interval_ms
