@@ -48,6 +48,9 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
         description=description,
         max_body_size=get_settings().max_request_bytes,
         exception_handlers={RequestValidationError: validation_error_answer},
+        # Operation ids are the route functions' names (score_group, request_kernel): stable across paths
+        # and versions, so a client generated from the document keeps its method names.
+        generate_unique_id_function=lambda route: route.name,
     )
     app.add_middleware(KeyGate)  # inside request_id (added after it), so its 401s carry a request id
 
