@@ -11,6 +11,7 @@ from services.schemas.examples import RELU_REFERENCE, RELU_TRITON_KERNEL
 from services.schemas.numbers import StrictFiniteFloat
 
 MAX_SOURCE_CHARS = 200_000
+MAX_GROUP_CANDIDATES = 64
 VerdictStatus = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unverified"]
 # The checks that reject a candidate (docs/REWARD.md has each one's hack class, mechanism and tests).
 Guard = Literal[
@@ -122,7 +123,7 @@ class GroupScoreRequest(BaseModel):
     candidates: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(
         ...,
         min_length=1,
-        max_length=64,
+        max_length=MAX_GROUP_CANDIDATES,
         description="1 to 64 KernelBench candidates (each defines ModelNew), all for the reference; one group for CA-GRPO.",
     )
     options: ScoreOptions = Field(ScoreOptions(), description="How to compile, check and time every candidate.")
