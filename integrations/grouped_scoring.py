@@ -1,68 +1,18 @@
-"""Scoring RL samples in groups: the samples of one prompt (same reference module and backend) go to the
-reward service as one ``/v1/score/group`` call, since CA-GRPO's threshold is a property of a group.
-
-The rules every RL adapter shares:
-
-- the kernel is pulled from the raw completion with the Coder's extractor (``services.llm.extract``);
-  a completion with no program defining ``ModelNew`` earns 0.0, what an incorrect kernel earns: it was
-  judged, and it failed;
-- a sample the service could not judge (no answer, the job failed or ran out of time, an ``unverified``
-  verdict: no device to check it on) gets ``None`` rather than a made-up number, so the trainer leaves
-  it out.
-
-``regroup`` and ``group_scores`` are pure; ``score_samples`` (asyncio) and ``score_samples_blocking`` only
-send the groups.
-"""
+"""Scoring RL samples over HTTP, one ``/v1/score/group`` call per prompt's group (the rules are
+``services.rl_samples``): ``score_samples`` on asyncio (TRL), ``score_samples_blocking`` for callers
+without an event loop (verl's reward managers)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.clients import AsyncRewardClient, JobTimeout, RetryPolicy, RewardClient, ServiceError, ServiceUnreachable
-from services.llm.extract import extract_code
-from services.schemas.coder import KernelBackendName
-from services.schemas.reward import MAX_GROUP_CANDIDATES, CAGRPOConfig, GroupScoreResponse, ScoredVerdict, ScoreOptions
+from services.rl_samples import Group, Sample, SampleScore, in_batch_order, regroup
+from services.schemas.reward import CAGRPOConfig, GroupScoreResponse, ScoreOptions
 
-NO_PROGRAM = "the completion holds no Python program defining ModelNew"
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One completion to score: ``prompt_key`` is the same for every completion of one prompt."""
-
-    prompt_key: Hashable
-    reference: str
-    completion: str
-    backend: KernelBackendName = "triton"
-
-
-@dataclass(frozen=True)
-class SampleScore:
-    """A sample's reward (None: not scored, the reason says why) and the service's verdict, where it gave one."""
-
-    reward: float | None
-    reason: str
-    verdict: ScoredVerdict | None = None
-
-    @property
-    def correct(self) -> bool:
-        return self.verdict is not None and self.verdict.correct
-
-
-@dataclass
-class Group:
-    """The samples of one prompt: their indices in the batch, and the kernels extracted from them."""
-
-    reference: str
-    backend: KernelBackendName
-    indices: list[int] = field(default_factory=list)
-    kernels: list[str | None] = field(default_factory=list)
-
-    @property
-    def candidates(self) -> list[str]:
-        return [k for k in self.kernels if k is not None]
+__all__ = ["Sample", "SampleScore", "ScoringSettings", "score_samples", "score_samples_blocking"]
 
 
 @dataclass(frozen=True)
@@ -75,53 +25,6 @@ class ScoringSettings:
     ca_grpo: CAGRPOConfig = field(default_factory=CAGRPOConfig)
     wait_s: float = 900.0  # per group, from submitting it to its verdicts
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # on no connection, 429 and 5xx
-
-
-def regroup(samples: Sequence[Sample]) -> list[Group]:
-    """The samples by prompt (and reference and backend), in order of first appearance, kernels extracted."""
-    groups: dict[tuple[Hashable, str, str], Group] = {}
-    for index, sample in enumerate(samples):
-        key = (sample.prompt_key, sample.reference, sample.backend)
-        group = groups.setdefault(key, Group(sample.reference, sample.backend))
-        group.indices.append(index)
-        group.kernels.append(extract_code(sample.completion))
-    too_big = [len(g.candidates) for g in groups.values() if len(g.candidates) > MAX_GROUP_CANDIDATES]
-    if too_big:
-        raise ValueError(f"a group of {max(too_big)} kernels: the reward service scores at most {MAX_GROUP_CANDIDATES} per group")
-    return list(groups.values())
-
-
-def group_scores(group: Group, answer: GroupScoreResponse | Exception | None) -> list[SampleScore]:
-    """Each of the group's samples' score, from the service's answer (None: nothing was sent, no kernels)."""
-    verdicts: list[ScoredVerdict] | None = None
-    failure = ""
-    if isinstance(answer, Exception):
-        failure = f"not scored: {type(answer).__name__}: {answer}"
-    elif answer is not None and answer.result is None:
-        failure = f"not scored: job {answer.job_id} {answer.job_status}" + (f": {answer.error}" if answer.error else "")
-    elif answer is not None and answer.result is not None:
-        verdicts = list(answer.result.verdicts)
-    scores = []
-    for kernel in group.kernels:
-        if kernel is None:
-            scores.append(SampleScore(0.0, NO_PROGRAM))
-        elif verdicts is None:
-            scores.append(SampleScore(None, failure))
-        else:
-            verdict = verdicts.pop(0)
-            reward = None if verdict.status == "unverified" else verdict.reward
-            scores.append(SampleScore(reward, verdict.reason, verdict))
-    return scores
-
-
-def in_batch_order(
-    samples: Sequence[Sample], groups: list[Group], answers: Sequence[GroupScoreResponse | Exception | None]
-) -> list[SampleScore]:
-    ordered: list[SampleScore | None] = [None] * len(samples)
-    for group, answer in zip(groups, answers, strict=True):
-        for index, score in zip(group.indices, group_scores(group, answer), strict=True):
-            ordered[index] = score
-    return [score for score in ordered if score is not None]
 
 
 async def score_samples(samples: Sequence[Sample], settings: ScoringSettings) -> list[SampleScore]:

@@ -12,11 +12,11 @@ import pytest
 from datasets import Dataset
 
 from coder_svc import kernel_messages
-from integrations.grouped_scoring import MAX_GROUP_CANDIDATES, Sample, regroup
 from integrations.trl import KernelReward, kernel_reward, prompt_key
 from reward_cases import CORRECT, RELU_REFERENCE, candidate
 from services.clients import RetryPolicy
-from services.schemas.reward import ScoreOptions
+from services.rl_samples import Sample, regroup
+from services.schemas.reward import MAX_GROUP_CANDIDATES, ScoreOptions
 from trainer.tiny_model import build_replying_lm
 
 CPU = ScoreOptions(device="cpu")

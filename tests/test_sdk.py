@@ -146,7 +146,7 @@ SERVICES = ("proposer_svc", "coder_svc", "reward_svc", "trainer")
 OPERATION_IDS = {
     "proposer_svc": {"propose", "list_tasks", "get_task", "frontier", "read_serving_model", "switch_serving_model"},
     "coder_svc": {"request_kernel", "read_kernel", "read_serving_model", "switch_serving_model"},
-    "reward_svc": {"score", "score_group"},
+    "reward_svc": {"score", "score_group", "get_reward"},
     "trainer": {"submit_run", "get_run", "cancel_run"},
 }
 FASTAPI_OWN = {"HTTPValidationError", "ValidationError"}  # FastAPI's 422 shape, not ours to describe

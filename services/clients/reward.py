@@ -10,6 +10,8 @@ from services.schemas.reward import (
     GroupResult,
     GroupScoreRequest,
     GroupScoreResponse,
+    RemoteRewardRequest,
+    RemoteRewardResponse,
     ScoreOptions,
     ScoreRequest,
     ScoreResponse,
@@ -61,6 +63,15 @@ class RewardRoutes(ClientConfig):
         job = yield from self.last_state_flow(answer.job_id, wait_s)
         result = GroupResult.model_validate(job.result) if job.result else None
         return GroupScoreResponse(job_id=job.id, job_status=job.status, result=result, error=job.error)
+
+    @flow_method
+    def get_reward(
+        self, request: RemoteRewardRequest, backend: str = "triton", device: str = "auto", wait_s: float = 170.0
+    ) -> Flow[RemoteRewardResponse]:
+        """OpenRLHF's remote reward protocol, as OpenRLHF's rollout workers call it (here with the client's key)."""
+        params = {"backend": backend, "device": device, "wait_s": wait_s}
+        response = yield from ask(Send("POST", "/v1/get_reward", json=request.model_dump(), params=params))
+        return RemoteRewardResponse.model_validate(response.json())
 
 
 class RewardClient(RewardRoutes, ServiceClient):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, computed_field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, computed_field, model_validator
 from pydantic.dataclasses import dataclass
 
 from services.schemas.examples import RELU_REFERENCE, RELU_TRITON_KERNEL
@@ -12,6 +12,7 @@ from services.schemas.numbers import StrictFiniteFloat
 
 MAX_SOURCE_CHARS = 200_000
 MAX_GROUP_CANDIDATES = 64
+ScoreDevice = Literal["auto", "cpu", "cuda"]
 VerdictStatus = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unverified"]
 # The checks that reject a candidate (docs/REWARD.md has each one's hack class, mechanism and tests).
 Guard = Literal[
@@ -68,7 +69,7 @@ class ScoreOptions(BaseModel):
     backend: Literal["cuda", "triton"] = Field(
         "triton", description="The candidate's kernel language: triton or cuda (CUDA through torch's cpp_extension)."
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
+    device: ScoreDevice = Field(
         "auto", description="Where to run: cpu (Triton's interpreter, no timing), cuda, or auto (a GPU where the worker has one)."
     )
     trials: StrictInt = Field(3, ge=1, le=20, description="Correctness trials, each with fresh secret inputs.")
@@ -201,4 +202,51 @@ class GroupScoreResponse(BaseModel):
     result: GroupResult | None = Field(None, description="The group's verdicts and rewards; None until the job succeeded.")
     error: str | None = Field(
         None, description="Why the job failed (not a verdict on the candidates: the service could not judge them)."
+    )
+
+
+class RemoteRewardRequest(BaseModel):
+    """OpenRLHF's remote reward protocol (``--remote_rm_url``): its rollout workers post the decoded
+    prompt and response as ``query``, the dataset's prompt and its label (here: the reference module)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "query": [f"Write ModelNew for this module.\n```python\n{RELU_TRITON_KERNEL}```"],
+                    "prompts": ["Write ModelNew for this module."],
+                    "labels": [RELU_REFERENCE],
+                }
+            ]
+        }
+    )
+
+    query: list[Annotated[str, Field(max_length=2 * MAX_SOURCE_CHARS)]] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_GROUP_CANDIDATES,
+        description="Each sample's prompt and response as one text; the kernel is extracted from what follows the prompt.",
+    )
+    prompts: list[Annotated[str, Field(max_length=2 * MAX_SOURCE_CHARS)]] | None = Field(
+        None, description="Each sample's prompt (cut from its query); samples of one prompt and label are one group."
+    )
+    labels: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(
+        ..., description="Each sample's reference module (KernelBench: Model, get_inputs, get_init_inputs)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of_each_per_sample(self) -> RemoteRewardRequest:
+        sizes = {"query": len(self.query), "labels": len(self.labels)} | ({"prompts": len(self.prompts)} if self.prompts else {})
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"query, prompts and labels must have one entry per sample; got {sizes}")
+        return self
+
+
+class RemoteRewardResponse(BaseModel):
+    """What OpenRLHF reads back: one reward and one score per sample, and figures for its logs."""
+
+    rewards: list[float] = Field(description="Each sample's CA-GRPO reward (0.0 for a reply without a kernel or not judged).")
+    scores: list[float] = Field(description="1.0 for a verified kernel, else 0.0 (OpenRLHF's dynamic filtering reads it).")
+    extra_logs: dict[str, list[float]] = Field(
+        description="Per sample: correct (1/0), scored (0: the service could not judge it) and speedup (0 where not measured)."
     )
