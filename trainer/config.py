@@ -14,11 +14,12 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from services.config import ConfigurationError
 from services.schemas.numbers import StrictFiniteFloat
 from services.schemas.reward import CAGRPOConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError):
     """A run configuration that cannot work; the message says why, in one line."""
 
 

@@ -10,6 +10,7 @@ import structlog
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from services.api.errors import error_answers
@@ -42,7 +43,9 @@ def readiness() -> Readiness:
 
 def create_service_app(service: str, *routers: APIRouter, description: str = "") -> FastAPI:
     configure_logging(service)
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's assets served by the service itself (fastapi-offline ships
+    # them): the GPU hosts have no network, and FastAPI's own pages load them from a CDN.
+    app = FastAPIOffline(
         title=f"KernelZero {service} service",
         version="0.1.0",
         description=description,
