@@ -180,3 +180,18 @@ def test_every_request_body_has_an_example_and_every_field_a_description(documen
                     without_example.append(f"{service}: {method.upper()} {path}")
     assert not undescribed, undescribed
     assert not without_example, without_example
+
+
+def test_docs_pages_load_every_asset_from_the_service_itself(reward_service: str) -> None:
+    """The GPU hosts have no network: /docs and /redoc must not reach for a CDN."""
+    import re
+
+    import httpx
+
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(f"{reward_service}{page}", timeout=10).text
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ["']([^"']+)["']""", html)
+        urls = {a or b for a, b in assets}
+        assert urls and not [u for u in urls if u.startswith(("http:", "https:", "//"))], urls
+        for url in urls:
+            assert httpx.get(f"{reward_service}{url}", timeout=10).status_code == 200, url
