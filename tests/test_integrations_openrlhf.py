@@ -89,3 +89,14 @@ def test_the_sdk_calls_the_same_route(reward_service: str) -> None:
             RemoteRewardRequest(query=[PROMPT + reply(CORRECT)], prompts=[PROMPT], labels=[RELU_REFERENCE]), device="cpu"
         )
     assert answer.rewards == [1.0] and answer.scores == [1.0]
+
+
+def test_groups_still_scoring_answer_503_and_the_same_request_picks_them_up(reward_service: str) -> None:
+    body = {"query": [PROMPT + reply(CORRECT) + "\n# scored late"], "prompts": [PROMPT], "labels": [RELU_REFERENCE]}
+    early = httpx.post(f"{reward_service}/v1/get_reward?device=cpu&wait_s=0", json=body, timeout=30)
+    assert early.status_code == 503 and early.headers["retry-after"] == "1"  # what OpenRLHF's client retries
+    assert "still scoring" in early.json()["detail"]
+    later = httpx.post(f"{reward_service}/v1/get_reward?device=cpu&wait_s=150", json=body, timeout=180)
+    assert later.status_code == 200 and later.json()["rewards"] == [1.0]
+    job = early.json()["detail"].split("jobs ")[1].split(")")[0]
+    assert httpx.get(f"{reward_service}/v1/jobs/{job}", timeout=10).json()["status"] == "succeeded"  # the same job, not a second
