@@ -125,6 +125,12 @@ def evaluate(
         help="On resume, evaluate again the samples with these statuses: --redo runtime_error,timeout "
         "(samples whose generator or scorer failed are always redone).",
     ),
+    kernelbench_results: bool = typer.Option(
+        False,
+        "--kernelbench-results",
+        help="Also write KernelBench's eval_results.json per level (OUT/kernelbench/level<N>/), as its "
+        "scripts/eval_from_generations.py does, for tools that read it.",
+    ),
 ) -> None:
     """pass@k, fast_p and geometric-mean speedup of a model on a problem set: JSON, markdown, plot."""
     from coder_svc.best_of_n import LocalScorer
@@ -172,11 +178,27 @@ def evaluate(
         "device": options.device,
     }
     write_report(records, samples, run, out)
+    if kernelbench_results:
+        for path in write_kernelbench_results(records, out / "kernelbench"):
+            console.print(f"wrote {path} (KernelBench's format)")
     print((out / "summary.md").read_text())
     console.print(
         f"wrote {out / 'summary.json'}, {out / 'summary.md'}, {out / 'summary.png'}; "
         f"per-sample records in {out / 'samples.jsonl'}"
     )
+
+
+def write_kernelbench_results(records: list[dict[str, Any]], root: Path) -> list[Path]:
+    """One ``eval_results.json`` per level (a flat problem directory: one at ``root``)."""
+    from services.kernelbench import eval_results
+
+    written = []
+    for level in sorted({r["level"] for r in records}, key=lambda n: -1 if n is None else n):
+        path = root / (f"level{level}" if level is not None else "") / "eval_results.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(eval_results(r for r in records if r["level"] == level), indent=4))
+        written.append(path)
+    return written
 
 
 @coder_app.command("serve")

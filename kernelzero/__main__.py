@@ -1,5 +1,5 @@
 """``python -m kernelzero``: the ``kernelzero`` command."""
 
-from kernelzero.cli import app
+from kernelzero.cli import main
 
-app()
+main()

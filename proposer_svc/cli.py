@@ -89,6 +89,7 @@ def mine(
 def stats(
     top: int = typer.Option(20, "--top", min=1, help="Rows per table."),
     name: str | None = typer.Option(None, "--name", help="Corpus name (default: KZ_PROPOSER_CORPUS)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout: the corpus, its counts, the top rows."),
 ) -> None:
     """The most frequent APIs and API pairs of the mined statistics."""
     from proposer_svc.mining import load_stats
@@ -99,13 +100,29 @@ def stats(
     if mined is None:
         Console(stderr=True).print(f"[red]no statistics named {corpus!r}[/]: run 'kernelzero proposer mine' first")
         raise typer.Exit(1)
+    top_apis = sorted(mined.usage.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    top_pairs = sorted(mined.pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "corpus": corpus,
+                    "modules": mined.modules,
+                    "apis": len(mined.usage),
+                    "pairs": len(mined.pairs),
+                    "top_apis": [{"api": api, "modules": count} for api, count in top_apis],
+                    "top_pairs": [{"apis": [a, b], "modules": count} for (a, b), count in top_pairs],
+                }
+            )
+        )
+        return
     console = Console()
     console.print(f"[bold]{corpus}[/]: {mined.modules} forward bodies, {len(mined.usage)} APIs, {len(mined.pairs)} pairs")
     apis = Table("api", "modules", "share", title=f"top {top} APIs")
-    for api, count in sorted(mined.usage.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+    for api, count in top_apis:
         apis.add_row(api, str(count), f"{count / max(mined.modules, 1):.1%}")
     pairs = Table("api", "api", "modules", title=f"top {top} pairs")
-    for (a, b), count in sorted(mined.pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+    for (a, b), count in top_pairs:
         pairs.add_row(a, b, str(count))
     console.print(apis)
     console.print(pairs)

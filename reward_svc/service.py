@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import redis
 
 from reward_svc.evaluate import Evaluation, Evaluator
 from reward_svc.rewards import group_rewards
+from services.api import waiting
 from services.config import get_settings
 from services.db.models import Candidate, Job, Score, derived_id
 from services.db.session import session_scope
@@ -16,7 +18,18 @@ from services.db.tasks import ensure_task, source_sha256
 from services.queue.faults import fault_point
 from services.queue.jobs import submit_job
 from services.queue.names import SCORE_GROUP_TASK, scoring_queues
-from services.schemas.reward import CAGRPOConfig, GroupResult, GroupScoreRequest, ScoredVerdict
+from services.rl_samples import Sample, completion_after_prompt, in_batch_order, regroup
+from services.schemas.jobs import FINISHED
+from services.schemas.reward import (
+    CAGRPOConfig,
+    GroupResult,
+    GroupScoreRequest,
+    GroupScoreResponse,
+    RemoteRewardRequest,
+    RemoteRewardResponse,
+    ScoredVerdict,
+    ScoreOptions,
+)
 
 
 def rewarded_group(evaluation: Evaluation, config: CAGRPOConfig) -> GroupResult:
@@ -98,3 +111,52 @@ def run_score_job(evaluator: Evaluator, job_id: str, payload: dict[str, Any]) ->
     result = score_group(request, evaluator)
     group_id = persist_group(request, result, job_id)
     return {**result.model_dump(), "group_id": group_id}
+
+
+class StillScoring(RuntimeError):
+    """A group's job had not finished when the caller's wait ran out (its id, to ask again)."""
+
+    def __init__(self, job_ids: list[str]) -> None:
+        super().__init__(f"still scoring (jobs {', '.join(job_ids)}); the same request again picks up the same jobs")
+        self.job_ids = job_ids
+
+
+def remote_rewards(
+    request: RemoteRewardRequest, options: ScoreOptions, ca_grpo: CAGRPOConfig, wait_s: float
+) -> RemoteRewardResponse:
+    """OpenRLHF's ``/get_reward``: each query's kernel (after its prompt) scored within its prompt's group,
+    one scoring job per group; ``StillScoring`` when a job outlives ``wait_s``."""
+    prompts: list[str | None] = list(request.prompts) if request.prompts else [None] * len(request.query)
+    samples = [
+        Sample(prompt, label, completion_after_prompt(query, prompt), options.backend)
+        for query, prompt, label in zip(request.query, prompts, request.labels)
+    ]
+    groups = regroup(samples)
+    jobs = [
+        submit_group(GroupScoreRequest(reference=g.reference, candidates=g.candidates, options=options, ca_grpo=ca_grpo)).id
+        if g.candidates
+        else None
+        for g in groups
+    ]
+    deadline = time.monotonic() + wait_s
+    answers: list[GroupScoreResponse | None] = []
+    for job_id in jobs:
+        if job_id is None:
+            answers.append(None)
+            continue
+        job = waiting.wait_until_done(job_id, max(0.0, deadline - time.monotonic()))  # the routes' one wait
+        result = GroupResult.model_validate(job.result) if job.status == "succeeded" and job.result else None
+        answers.append(GroupScoreResponse(job_id=job.id, job_status=job.status, result=result, error=job.error))
+    unfinished = [a.job_id for a in answers if a is not None and a.job_status not in FINISHED]
+    if unfinished:
+        raise StillScoring(unfinished)
+    scores = in_batch_order(samples, groups, answers)
+    return RemoteRewardResponse(
+        rewards=[s.reward if s.reward is not None else 0.0 for s in scores],
+        scores=[float(s.correct) for s in scores],
+        extra_logs={
+            "correct": [float(s.correct) for s in scores],
+            "scored": [float(s.reward is not None) for s in scores],
+            "speedup": [(s.verdict.speedup or 0.0) if s.verdict else 0.0 for s in scores],
+        },
+    )

@@ -61,10 +61,17 @@ def is_valid_key(plaintext: str) -> bool:
     return active_key(plaintext) is not None
 
 
+# Routes whose callers cannot send headers (OpenRLHF's remote reward client posts to a bare URL): they also
+# take the key as ``?key=``. Only these: a key in a URL is easier to leak (proxies log URLs).
+QUERY_KEY_PATHS = frozenset({"/v1/get_reward"})
+
+
 async def presented_key(request: Request) -> str | None:
-    """The key a request carries in ``Authorization: Bearer`` or ``X-API-Key``, read from its headers alone."""
+    """The key a request carries in ``Authorization: Bearer`` or ``X-API-Key``, read from its headers alone
+    (or its URL's ``key``, on the routes that allow it)."""
     bearer = await _bearer(request)
-    return (bearer.credentials if bearer else None) or await _header(request)
+    query_key = request.query_params.get("key") if request.url.path in QUERY_KEY_PATHS else None
+    return (bearer.credentials if bearer else None) or await _header(request) or query_key
 
 
 def authenticate(presented: str | None) -> ApiKey:

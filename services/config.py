@@ -12,6 +12,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 SERVICE_NAMES = ("proposer", "coder", "reward", "trainer")
 
 
+class ConfigurationError(ValueError):
+    """A setting or configuration that cannot work: the message says why in one line, and the
+    ``kernelzero`` command prints just that and exits 1 (no traceback)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KZ_", env_file=".env", extra="ignore")
 

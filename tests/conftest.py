@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -33,6 +37,7 @@ from coder_svc.template import TemplateGenerator
 from processes import WorkerDidNotStart, WorkerProcess, launch_worker, reset_platform_caches
 from reward_svc.evaluate import Evaluator
 from servers import created_database, pick_free_port, serve
+from services.cli.launcher import platform_commands
 from services.config import Settings, get_settings
 from services.db import migrate
 
@@ -80,6 +85,13 @@ def free_port() -> Callable[[], int]:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A Redis database number held by this session alone (``KZ_TEST_REDIS_URL`` with a path pins one)."""
+    with claimed_redis_database() as url:
+        yield url
+
+
+@contextmanager
+def claimed_redis_database() -> Iterator[str]:
+    """Claims a free Redis database number for this session (a lock key in it), empties it when done."""
     base = TEST_REDIS_URL.rstrip("/")
     try:
         redis.Redis.from_url(base, socket_connect_timeout=2).ping()
@@ -198,3 +210,65 @@ def coder_api(
     start_worker("coder", coder_hf_model_path=tmp_path / "tiny-lm")
     with serve("reward_svc.api:app", reward_port), serve("coder_svc.api:app", coder_port) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def reward_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One reward service for the whole session, as ``kernelzero up`` runs it (uvicorn and a CPU Celery
+    worker, auth off, SQLite), on a Redis database of its own, so tests that empty theirs never touch its
+    queue; its URL. For the integrations' tests, which only score groups over HTTP."""
+    data_dir = tmp_path_factory.mktemp("reward-service")
+    with claimed_redis_database() as redis_db:
+        port = pick_free_port()
+        settings = {"data_dir": data_dir, "redis_url": redis_db, "auth_enabled": "false", "reward_port": port}
+        settings |= {"reward_warm_children": 1, "log_json": "false"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KZ_")} | {
+            f"KZ_{k.upper()}": str(v) for k, v in settings.items()
+        }
+        subprocess.run(
+            [sys.executable, "-c", "from services.db import migrate; migrate.upgrade()"], env=env, check=True, cwd=data_dir
+        )
+        commands = platform_commands(Settings(_env_file=None, **settings), ("reward",))  # type: ignore[arg-type]
+        started = []
+        try:
+            for process in commands:
+                log = (data_dir / f"{process.name}.log").open("wb")
+                started.append(
+                    (
+                        subprocess.Popen(
+                            process.command, env=env, cwd=data_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        ),
+                        log,
+                    )
+                )
+            url = f"http://127.0.0.1:{port}"
+            wait_for_reward_service(url, data_dir / "reward-worker.log", [p for p, _ in started])
+            yield url
+        finally:
+            for popen, _ in started:
+                if popen.poll() is None:
+                    os.killpg(popen.pid, signal.SIGTERM)
+            for popen, log in started:
+                try:
+                    popen.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(popen.pid, signal.SIGKILL)
+                    popen.wait()
+                log.close()
+
+
+def wait_for_reward_service(url: str, worker_log: Path, processes: list[subprocess.Popen[bytes]], timeout_s: float = 90) -> None:
+    """Until the API answers ready and the worker has logged that it is ready."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+            pytest.fail(f"reward service did not start at {url}:\n{worker_log.read_text(errors='replace')[-3000:]}")
+        try:
+            api_ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            api_ready = False
+        if api_ready and worker_log.exists() and " ready." in worker_log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)

@@ -27,7 +27,15 @@ from fastapi import FastAPI
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
-from services.clients import CoderClient, ProposerClient, RewardClient, ServiceClient, ServiceUnreachable, TrainerClient
+from services.clients import (
+    CoderClient,
+    ProposerClient,
+    RetryPolicy,
+    RewardClient,
+    ServiceClient,
+    ServiceUnreachable,
+    TrainerClient,
+)
 from services.config import SERVICE_NAMES, Settings
 
 KERNELZERO = Path(sys.executable).with_name("kernelzero")
@@ -96,7 +104,7 @@ def wait_until_up(launcher: subprocess.Popen[bytes], log: Path, settings: Settin
         if settings.api_key_file.exists():
             for service in sorted(pending):
                 try:
-                    with CLIENTS[service]() as client:
+                    with CLIENTS[service](retry=RetryPolicy(max_retries=0)) as client:  # this loop polls
                         if client.readiness().ready:
                             pending.discard(service)
                 except ServiceUnreachable:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("proposer_svc", "coder_svc", "reward_svc", "trainer")
-PACKAGES = ("services", *SERVICES, "kernelzero")
+PACKAGES = ("services", *SERVICES, "integrations", "kernelzero")
 
 
 def face(service: str, root: Path = ROOT) -> set[str]:
@@ -54,7 +54,24 @@ def test_the_shared_layer_imports_no_service() -> None:
     wrong = [
         f"{file}:{line} imports {module}"
         for file, line, module, _ in imports("services")
+        if module.split(".")[0] in (*SERVICES, "integrations", "kernelzero")
+    ]
+    assert not wrong, wrong
+
+
+def test_the_integrations_are_clients_of_the_shared_layer_only() -> None:
+    """The adapters (TRL, verl, KernelBench, CI) reach the platform over HTTP, through ``services.clients``:
+    no service's code, and only the composition root imports them (``kernelzero ci``)."""
+    wrong = [
+        f"{file}:{line} imports {module}"
+        for file, line, module, _ in imports("integrations")
         if module.split(".")[0] in (*SERVICES, "kernelzero")
+    ]
+    wrong += [
+        f"{file}:{line} imports {module}"
+        for package in ("services", *SERVICES)
+        for file, line, module, _ in imports(package)
+        if module.split(".")[0] == "integrations"
     ]
     assert not wrong, wrong
 

@@ -160,3 +160,13 @@ def test_scripts_are_executable_bash(script: str) -> None:
     assert path.read_text().startswith("#!/usr/bin/env bash\n")
     check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_the_image_copies_every_package_the_distribution_installs() -> None:
+    """A package left out of docker/Dockerfile installs nothing and fails at its first import in the image."""
+    import tomllib
+
+    included = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in included}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "docker" / "Dockerfile").read_text(), re.M))
+    assert packages <= copied, sorted(packages - copied)

@@ -3,7 +3,7 @@
 The installed ``kernelzero`` starts the four services and their workers on free ports with a
 private data dir; the typed clients then check each service end to end (health, readiness, a probe
 job through its worker, errors carrying the server's reason), ``kernelzero status`` reports it,
-and SIGINT must stop every process the launcher started.
+and ``kernelzero down`` (SIGINT, as Ctrl-C) must stop every process the launcher started.
 """
 
 from __future__ import annotations
@@ -72,10 +72,16 @@ def test_kernelzero_up_serves_all_four_then_stops_clean(
         assert report["services"] == {s: "ready" for s in SERVICE_NAMES}
         assert all(p["alive"] for p in report["processes"]) and len(report["processes"]) == 8
         assert set(report["queues"].values()) == {0}
+        assert report["ready"] is True
         running = leftovers(settings.data_dir, set())  # the detector sees the live platform
         assert len(running) >= 1 + 8, running
+
+        down = subprocess.run([str(KERNELZERO), "down"], capture_output=True, text=True, timeout=90, env=dict(os.environ))
+        assert down.returncode == 0 and f"stopped kernelzero up (pid {launcher.pid})" in down.stdout, down.stdout + down.stderr
+        code = launcher.wait(timeout=10)  # `down` returns once up let its lock go: it has exited
     finally:
-        code = interrupt_up(launcher)
+        if launcher.poll() is None:
+            code = interrupt_up(launcher)
     assert code == 0, log.read_text()[-4000:]
     assert not run_state_path(settings).exists()
     assert leftovers(settings.data_dir, started | descendants) == []

@@ -18,7 +18,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis.checks import positive_data_acceptance
+from schemathesis.checks import not_a_server_error, positive_data_acceptance
 
 from services import auth
 from services.api import waiting
@@ -30,6 +30,10 @@ EXAMPLES = 10  # per operation and mode: about 25 s for the four services on two
 # Schema-valid data a route still refuses with a reason the schema cannot state (a module that is not valid
 # Python, a model path that is not there) is the design, so "valid data must be accepted" does not apply.
 EXCLUDED_CHECKS = [positive_data_acceptance]
+# OpenRLHF's /get_reward cannot answer 202 (its client reads only 200, and retries what raise_for_status
+# raises): with no worker here its jobs never finish, so it answers its documented 503 "still scoring";
+# that it is only that 503 is asserted below.
+STILL_SCORING = {"POST /v1/get_reward"}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICE_PACKAGES))
@@ -45,7 +49,12 @@ def test_no_server_error_and_every_answer_conforms(
     statuses: Counter[int] = Counter()
 
     def call(case: schemathesis.Case) -> None:
-        statuses[case.call_and_validate(headers=headers, excluded_checks=EXCLUDED_CHECKS).status_code] += 1
+        if case.operation.label in STILL_SCORING:
+            response = case.call_and_validate(headers=headers, excluded_checks=[*EXCLUDED_CHECKS, not_a_server_error])
+            assert response.status_code < 500 or "still scoring" in response.json()["detail"], response.text
+        else:
+            response = case.call_and_validate(headers=headers, excluded_checks=EXCLUDED_CHECKS)
+        statuses[response.status_code] += 1
 
     failures = []
     operations = [result.ok() for result in schema.get_all_operations()]

@@ -14,11 +14,12 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
+from services.config import ConfigurationError
 from services.schemas.numbers import StrictFiniteFloat
 from services.schemas.reward import CAGRPOConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError):
     """A run configuration that cannot work; the message says why, in one line."""
 
 
@@ -72,7 +73,7 @@ class PolicyRLConfig(BaseModel):
     learning_rate: StrictFiniteFloat = Field(1e-5, gt=0, le=1, description="Peak learning rate.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
     warmup_steps: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Optimizer steps of linear warm-up.")
-    weight_decay: StrictFiniteFloat = Field(0.0, ge=0)
+    weight_decay: StrictFiniteFloat = Field(0.0, ge=0, description="AdamW's weight decay.")
     max_grad_norm: StrictFiniteFloat = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
     group_size: StrictInt = Field(8, ge=2, le=64, description="G: samples per prompt; advantages are relative within a group.")
     groups_per_step: StrictInt = Field(4, ge=1, le=MAX_BATCH, description="Groups (prompts) per optimizer step.")
@@ -91,8 +92,12 @@ class PolicyRLConfig(BaseModel):
     max_staleness: StrictInt = Field(
         2, le=MAX_STALENESS, description="K: groups generated more than K model versions ago are dropped."
     )
-    max_prompt_tokens: StrictInt = Field(4096, ge=1, le=MAX_TOKENS)
-    max_completion_tokens: StrictInt = Field(4096, ge=1, le=MAX_TOKENS)
+    max_prompt_tokens: StrictInt = Field(
+        4096, ge=1, le=MAX_TOKENS, description="Longest prompt trained on, in tokens; longer ones are cut from the left."
+    )
+    max_completion_tokens: StrictInt = Field(
+        4096, ge=1, le=MAX_TOKENS, description="Longest reply sampled and trained on, in tokens."
+    )
     bf16: bool | None = Field(None, description="bf16 autocast; None: on where a GPU is.")
     seed: StrictInt = Field(0, ge=0, lt=2**32, description="numpy, which transformers seeds too, takes 32-bit seeds.")
 
@@ -131,7 +136,9 @@ class ProposerRLConfig(PolicyRLConfig):
     frontier_width: StrictFiniteFloat = Field(0.2, gt=0, description="Standard deviation of the gaussian shape.")
     difficulty: StrictFiniteFloat = Field(0.5, ge=0, le=1, description="The difficulty hint of the Proposer's prompt.")
     max_ops: StrictInt = Field(6, ge=1, le=32, description="The operation bound of the Proposer's prompt.")
-    max_completion_tokens: StrictInt = Field(2048, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: StrictInt = Field(
+        2048, ge=1, le=MAX_TOKENS, description="Longest module the composer writes and is trained on, in tokens."
+    )
 
 
 class ColdStartConfig(BaseModel):
@@ -173,7 +180,19 @@ class LoopConfig(BaseModel):
     API set, the Coder's pass rate on each valid one sets its reward, and the Proposer trains
     ``proposer_steps`` GRPO steps and publishes the version the Proposer serves next."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "coder": {"model_path": "/models/qwen2.5-coder-7b", "group_size": 8, "groups_per_step": 4},
+                    "rounds": 4,
+                    "coder_steps": 20,
+                }
+            ]
+        },
+    )
 
     coder: CoderRLConfig = Field(..., description="The Coder's CA-GRPO settings (its model_path is the served base model).")
     proposer: ProposerRLConfig | None = Field(

@@ -11,6 +11,7 @@ import structlog
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from services.api.errors import error_answers
@@ -48,13 +49,18 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
         RequestValidationError: validation_error_answer
     }
     exception_handlers |= {kind: answer_unavailable for kind in UNAVAILABLE}
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI's and ReDoc's assets served by the service itself (fastapi-offline ships
+    # them): the GPU hosts have no network, and FastAPI's own pages load them from a CDN.
+    app = FastAPIOffline(
         title=f"KernelZero {service} service",
         version="0.1.0",
         description=description,
         max_body_size=get_settings().max_request_bytes,
         # A store away (Redis, the database) is a 503 with the reason and Retry-After, never a 500.
         exception_handlers=exception_handlers,
+        # Operation ids are the route functions' names (score_group, request_kernel): stable across paths
+        # and versions, so a client generated from the document keeps its method names.
+        generate_unique_id_function=lambda route: route.name,
     )
     app.add_middleware(KeyGate)  # inside request_id (added after it), so its 401s carry a request id
 

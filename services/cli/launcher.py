@@ -102,6 +102,36 @@ def hold_instance_lock(settings: Settings) -> IO[str]:
     return handle
 
 
+def stop_running_up(settings: Settings, timeout_s: float = 60.0) -> int | None:
+    """Send SIGINT to the ``kernelzero up`` holding this data dir's lock (what Ctrl-C in its terminal sends)
+    and wait until it let the lock go; its pid, or None when none runs. ``TimeoutError`` if it is still
+    there after ``timeout_s``."""
+    path = instance_lock_path(settings)
+    if not path.exists():
+        return None
+    with path.open("a+") as probe:
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            probe.seek(0)
+            pid = int(probe.read().strip() or 0)
+        else:
+            return None  # nobody holds it: nothing runs
+    if pid <= 0:
+        raise TimeoutError(f"{path} is locked but names no pid; stop that kernelzero up in its terminal")
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with path.open("a+") as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.2)
+                continue
+            return pid
+    raise TimeoutError(f"kernelzero up (pid {pid}) still runs {timeout_s:.0f} s after SIGINT; kill -TERM {pid} stops it harder")
+
+
 def check_ports_free(settings: Settings, services: tuple[str, ...] = SERVICE_NAMES) -> None:
     """Refuse to start over a port something else listens on: uvicorn would die on it after the start, or,
     worse, the readiness check would be answered by whatever holds it."""

@@ -5,6 +5,7 @@ The ``kernelzero`` command is these plus every service's commands, put together 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from services.cli.launcher import (
     hold_instance_lock,
     redis_answers,
     run_state_path,
+    stop_running_up,
 )
 from services.config import SERVICE_NAMES, get_settings
 from services.db import migrate
@@ -43,8 +45,18 @@ app.add_typer(db_app, name="db")
 console = Console()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kernelzero {importlib.metadata.version('kernelzero')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _interruptible() -> None:
+def _interruptible(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the installed version and exit."
+    ),
+) -> None:
     # A shell without job control (a script, `sh -c`) starts a background job (`&`) with SIGINT ignored, and
     # Python then installs no handler of its own: Ctrl-C and kill -INT would not stop `eval`, `train` or `up`.
     # Every command here is one a person may want to stop, so each gets Python's KeyboardInterrupt back.
@@ -114,7 +126,7 @@ def _ensure_local_key(path: Path) -> None:
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout.")) -> None:
-    """What runs, whether each service is ready, and how deep each queue is."""
+    """What runs, whether each service is ready, and how deep each queue is; exit 1 unless every service is ready."""
     settings = get_settings()
     state_path = run_state_path(settings)
     state = json.loads(state_path.read_text()) if state_path.exists() else {"processes": []}
@@ -133,9 +145,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON object o
         queues = {name: int(client.llen(name)) for name in queue_names}
     else:
         queues = {name: None for name in queue_names}
+    all_ready = all(state_text == "ready" for state_text in services.values())
     if as_json:
-        print(json.dumps({"processes": processes, "services": services, "queues": queues}))
-        return
+        print(json.dumps({"processes": processes, "services": services, "queues": queues, "ready": all_ready}))
+        raise typer.Exit(0 if all_ready else 1)
     table = Table(title="services")
     for column in ("service", "url", "state"):
         table.add_column(column)
@@ -154,6 +167,22 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON object o
     for name, depth in queues.items():
         qtable.add_row(name, "redis down" if depth is None else str(depth))
     console.print(qtable)
+    if not all_ready:
+        raise typer.Exit(1)  # a script's `kernelzero status && ...` must not go on past a service that is down
+
+
+@app.command()
+def down(
+    timeout: float = typer.Option(60.0, "--timeout", min=1, help="Seconds to wait for it to stop."),
+) -> None:
+    """Stop the `kernelzero up` that runs on this data dir (one started in the background, say): as Ctrl-C does."""
+    settings = get_settings()
+    try:
+        stopped = stop_running_up(settings, timeout)
+    except TimeoutError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(f"stopped kernelzero up (pid {stopped})" if stopped else f"kernelzero up is not running on {settings.data_dir}")
 
 
 @apikey_app.command("create")
@@ -169,12 +198,17 @@ def apikey_create(
 
 
 @apikey_app.command("list")
-def apikey_list() -> None:
+def apikey_list(as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout, a key per element.")) -> None:
     """All keys, revoked ones marked."""
+    keys = auth.list_api_keys()
+    if as_json:
+        fields = ("id", "name", "prefix", "admin", "created_at", "revoked_at")
+        print(json.dumps([{f: getattr(key, f) for f in fields} for key in keys], default=str))
+        return
     table = Table()
     for column in ("id", "name", "prefix", "admin", "created", "revoked"):
         table.add_column(column)
-    for key in auth.list_api_keys():
+    for key in keys:
         table.add_row(
             key.id,
             key.name,

@@ -3,13 +3,17 @@ switch it to another version (an admin key)."""
 
 from __future__ import annotations
 
-from services.clients.base import ServiceClient
+from services.clients.base import ClientConfig, Flow, Send, ask, flow_method
 from services.schemas.serving import ModelSwitch, ServingModel
 
 
-class ModelServingClient(ServiceClient):
-    def serving_model(self) -> ServingModel:
-        return ServingModel.model_validate(self.request("GET", "/v1/admin/model").json())
+class ModelServingRoutes(ClientConfig):
+    @flow_method
+    def serving_model(self) -> Flow[ServingModel]:
+        response = yield from ask(Send("GET", "/v1/admin/model"))
+        return ServingModel.model_validate(response.json())
 
-    def switch_model(self, switch: ModelSwitch) -> ServingModel:
-        return ServingModel.model_validate(self.request("POST", "/v1/admin/model", json=switch.model_dump()).json())
+    @flow_method
+    def switch_model(self, switch: ModelSwitch) -> Flow[ServingModel]:
+        response = yield from ask(Send("POST", "/v1/admin/model", json=switch.model_dump()))
+        return ServingModel.model_validate(response.json())

@@ -20,11 +20,15 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    n: StrictInt = Field(1, ge=0, le=64)
-    temperature: StrictFiniteFloat = Field(0.7, ge=0, le=2)
-    top_p: StrictFiniteFloat = Field(0.95, gt=0, le=1)
-    max_tokens: StrictInt = Field(4096, ge=1, le=65536)
-    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
+    n: StrictInt = Field(1, ge=0, le=64, description="Replies to sample per conversation.")
+    temperature: StrictFiniteFloat = Field(0.7, ge=0, le=2, description="Sampling temperature; 0 is greedy.")
+    top_p: StrictFiniteFloat = Field(
+        0.95, gt=0, le=1, description="Nucleus sampling: the smallest set of tokens with this much probability mass."
+    )
+    max_tokens: StrictInt = Field(
+        4096, ge=1, le=65536, description="Longest reply in tokens; a reply cut here has finish_reason 'length'."
+    )
+    seed: StrictInt | None = Field(None, ge=0, lt=2**63, description="Sampler seed, for replies that repeat; None: random.")
     logprobs: bool = Field(
         False,
         description="Also return each reply's prompt text, token ids and the sampler's log-probabilities "
@@ -39,9 +43,13 @@ class SampledTokens(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    prompt: str | None = None
-    completion_ids: list[int]
-    logprobs: list[float] | None = None
+    prompt: str | None = Field(
+        None, description="The prompt text after the chat template; None where the backend does not show it."
+    )
+    completion_ids: list[int] = Field(description="The reply's token ids.")
+    logprobs: list[float] | None = Field(
+        None, description="Each reply token's log-probability under the sampler, at its temperature; None where not given."
+    )
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from services.config import Settings, get_settings
+from services.config import ConfigurationError, Settings, get_settings
 from services.schemas.serving import ServingModel
 
 if TYPE_CHECKING:
@@ -31,11 +31,11 @@ def build_chat_model(kind: ChatKind, settings: Settings | None = None) -> OpenAI
         )
     if kind == "hf":
         if settings.coder_hf_model_path is None:
-            raise ValueError("the hf backend needs KZ_CODER_HF_MODEL_PATH (a local Hugging Face model directory)")
+            raise ConfigurationError("the hf backend needs KZ_CODER_HF_MODEL_PATH (a local Hugging Face model directory)")
         from services.llm.hf_local import HFChatModel
 
         return HFChatModel(settings.coder_hf_model_path, settings.coder_lora_path)
-    raise ValueError(f"unknown chat model backend {kind!r}; expected openai or hf")
+    raise ConfigurationError(f"unknown chat model backend {kind!r}; expected openai or hf")
 
 
 def configured_model(settings: Settings) -> ServingModel:

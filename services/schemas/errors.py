@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class ErrorAnswer(BaseModel):
-    detail: str
+    detail: str = Field(description="What went wrong, in words: the reason to show a person.")

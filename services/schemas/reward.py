@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, computed_field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, computed_field, model_validator
 from pydantic.dataclasses import dataclass
 
+from services.schemas.examples import RELU_REFERENCE, RELU_TRITON_KERNEL
 from services.schemas.numbers import StrictFiniteFloat
 
 MAX_SOURCE_CHARS = 200_000
+MAX_GROUP_CANDIDATES = 64
+ScoreDevice = Literal["auto", "cpu", "cuda"]
 VerdictStatus = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "unverified"]
 # The checks that reject a candidate (docs/REWARD.md has each one's hack class, mechanism and tests).
 Guard = Literal[
@@ -64,13 +66,19 @@ class CAGRPOConfig(BaseModel):
 class ScoreOptions(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    backend: Literal["cuda", "triton"] = "triton"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["cuda", "triton"] = Field(
+        "triton", description="The candidate's kernel language: triton or cuda (CUDA through torch's cpp_extension)."
+    )
+    device: ScoreDevice = Field(
+        "auto", description="Where to run: cpu (Triton's interpreter, no timing), cuda, or auto (a GPU where the worker has one)."
+    )
     trials: StrictInt = Field(3, ge=1, le=20, description="Correctness trials, each with fresh secret inputs.")
     atol: StrictFiniteFloat | None = Field(None, gt=0, description="Default: KernelBench's (fp32 1e-4, fp16/bf16 1e-2).")
-    rtol: StrictFiniteFloat | None = Field(None, gt=0)
+    rtol: StrictFiniteFloat | None = Field(
+        None, gt=0, description="Relative tolerance of the output comparison. Default: KernelBench's, the same as atol."
+    )
     timeout_s: StrictFiniteFloat = Field(180.0, gt=0, le=3600, description="Wall-clock limit of each sandboxed child.")
-    measure_speed: bool = True
+    measure_speed: bool = Field(True, description="Time the candidate and the reference (GPU only) to give a speedup.")
     time_compiled: bool = Field(False, description="Also time the reference under torch.compile.")
     timing_budget_s: StrictFiniteFloat = Field(
         10.0, gt=0, le=600, description="GPU timing: how long each side's timed calls may take."
@@ -78,39 +86,78 @@ class ScoreOptions(BaseModel):
 
 
 class ScoreRequest(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"reference": RELU_REFERENCE, "candidate": RELU_TRITON_KERNEL, "options": {"backend": "triton"}, "wait_s": 60}
+            ]
+        }
+    )
+
     reference: str = Field(
         ..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench reference: Model, get_inputs, get_init_inputs."
     )
     candidate: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench candidate: ModelNew.")
-    options: ScoreOptions = ScoreOptions()
+    options: ScoreOptions = Field(ScoreOptions(), description="How to compile, check and time the candidate.")
     wait_s: StrictFiniteFloat = Field(
         60.0, ge=0, le=600, description="How long to wait for the verdict before answering with the job id."
     )
 
 
 class GroupScoreRequest(BaseModel):
-    reference: str = Field(..., min_length=1, max_length=MAX_SOURCE_CHARS)
-    candidates: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(..., min_length=1, max_length=64)
-    options: ScoreOptions = ScoreOptions()
-    ca_grpo: CAGRPOConfig = CAGRPOConfig()
-    wait_s: StrictFiniteFloat = Field(60.0, ge=0, le=600)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "reference": RELU_REFERENCE,
+                    "candidates": [RELU_TRITON_KERNEL, RELU_TRITON_KERNEL.replace("tl.maximum(x, 0.0)", "x")],
+                    "options": {"backend": "triton"},
+                    "wait_s": 60,
+                }
+            ]
+        }
+    )
+
+    reference: str = Field(
+        ..., min_length=1, max_length=MAX_SOURCE_CHARS, description="KernelBench reference: Model, get_inputs, get_init_inputs."
+    )
+    candidates: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_GROUP_CANDIDATES,
+        description="1 to 64 KernelBench candidates (each defines ModelNew), all for the reference; one group for CA-GRPO.",
+    )
+    options: ScoreOptions = Field(ScoreOptions(), description="How to compile, check and time every candidate.")
+    ca_grpo: CAGRPOConfig = Field(CAGRPOConfig(), description="How the group's verdicts become rewards (CA-GRPO).")
+    wait_s: StrictFiniteFloat = Field(
+        60.0, ge=0, le=600, description="How long to wait for the verdicts before answering 202 with the job id."
+    )
 
 
 @dataclass
 class Verdict:
     """What the reward service concluded about one candidate, and the numbers behind it."""
 
-    status: VerdictStatus
-    reason: str
-    guard: Guard | None = None
-    max_abs_error: float | None = None
-    runtime_ms: float | None = None
-    ref_runtime_ms: float | None = None
-    speedup: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
+    status: VerdictStatus = Field(
+        description="correct, incorrect (wrong outputs), compile_error, runtime_error, timeout, rejected (a guard caught "
+        "a hack: see guard) or unverified (could not be judged on this device)."
+    )
+    reason: str = Field(description="Why, in words: the first mismatch, the compiler's error, the guard's finding.")
+    guard: Guard | None = Field(
+        default=None, description="The guard that rejected the candidate (docs/REWARD.md); None otherwise."
+    )
+    max_abs_error: float | None = Field(default=None, description="Largest absolute difference from the reference's outputs.")
+    runtime_ms: float | None = Field(
+        default=None, description="The candidate's median runtime; None where speed was not measured."
+    )
+    ref_runtime_ms: float | None = Field(default=None, description="The reference's median runtime on the same inputs.")
+    speedup: float | None = Field(default=None, description="ref_runtime_ms / runtime_ms; None where speed was not measured.")
+    details: dict[str, Any] = Field(
+        default_factory=dict, description="What the checks recorded (trials, launches, timings), for diagnosis."
+    )
 
     # pydantic's computed field over a property, which mypy does not follow
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field(description="status == 'correct'.")  # type: ignore[prop-decorator]
     @property
     def correct(self) -> bool:
         return self.status == "correct"
@@ -125,26 +172,81 @@ class Verdict:
 class ScoredVerdict(Verdict):
     """A verdict with its CA-GRPO reward and advantage within its group, and the device it ran on."""
 
-    reward: float = 0.0
-    advantage: float | None = None
-    device: str | None = None
+    reward: float = Field(default=0.0, description="The candidate's CA-GRPO reward within its group.")
+    advantage: float | None = Field(
+        default=None, description="The reward's group-normalized advantage; None for a lone candidate."
+    )
+    device: str | None = Field(default=None, description="The device it ran on, e.g. cpu or cuda:0.")
 
 
 class GroupResult(BaseModel):
-    verdicts: list[ScoredVerdict]
-    correct_fraction: float
-    speed_rewarded: bool
+    verdicts: list[ScoredVerdict] = Field(description="One verdict per candidate, in the order sent.")
+    correct_fraction: float = Field(description="Share of the group's candidates judged correct.")
+    speed_rewarded: bool = Field(description="Whether speed entered the rewards (the correct fraction reached the threshold).")
 
 
 class ScoreResponse(BaseModel):
-    job_id: str
-    job_status: str
-    verdict: ScoredVerdict | None = None
-    error: str | None = None
+    job_id: str = Field(description="The scoring job; GET /v1/jobs/{job_id} reads it while it runs.")
+    job_status: str = Field(description="queued, running, succeeded or failed; verdict is set once succeeded.")
+    verdict: ScoredVerdict | None = Field(
+        None, description="The candidate's verdict with its reward; None until the job succeeded."
+    )
+    error: str | None = Field(
+        None, description="Why the job failed (not a verdict on the candidate: the service could not judge it)."
+    )
 
 
 class GroupScoreResponse(BaseModel):
-    job_id: str
-    job_status: str
-    result: GroupResult | None = None
-    error: str | None = None
+    job_id: str = Field(description="The scoring job, also the group's id in the stored scores; GET /v1/jobs/{job_id} reads it.")
+    job_status: str = Field(description="queued, running, succeeded or failed; result is set once succeeded.")
+    result: GroupResult | None = Field(None, description="The group's verdicts and rewards; None until the job succeeded.")
+    error: str | None = Field(
+        None, description="Why the job failed (not a verdict on the candidates: the service could not judge them)."
+    )
+
+
+class RemoteRewardRequest(BaseModel):
+    """OpenRLHF's remote reward protocol (``--remote_rm_url``): its rollout workers post the decoded
+    prompt and response as ``query``, the dataset's prompt and its label (here: the reference module)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "query": [f"Write ModelNew for this module.\n```python\n{RELU_TRITON_KERNEL}```"],
+                    "prompts": ["Write ModelNew for this module."],
+                    "labels": [RELU_REFERENCE],
+                }
+            ]
+        }
+    )
+
+    query: list[Annotated[str, Field(max_length=2 * MAX_SOURCE_CHARS)]] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_GROUP_CANDIDATES,
+        description="Each sample's prompt and response as one text; the kernel is extracted from what follows the prompt.",
+    )
+    prompts: list[Annotated[str, Field(max_length=2 * MAX_SOURCE_CHARS)]] | None = Field(
+        None, description="Each sample's prompt (cut from its query); samples of one prompt and label are one group."
+    )
+    labels: list[Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_CHARS)]] = Field(
+        ..., description="Each sample's reference module (KernelBench: Model, get_inputs, get_init_inputs)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of_each_per_sample(self) -> RemoteRewardRequest:
+        sizes = {"query": len(self.query), "labels": len(self.labels)} | ({"prompts": len(self.prompts)} if self.prompts else {})
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"query, prompts and labels must have one entry per sample; got {sizes}")
+        return self
+
+
+class RemoteRewardResponse(BaseModel):
+    """What OpenRLHF reads back: one reward and one score per sample, and figures for its logs."""
+
+    rewards: list[float] = Field(description="Each sample's CA-GRPO reward (0.0 for a reply without a kernel or not judged).")
+    scores: list[float] = Field(description="1.0 for a verified kernel, else 0.0 (OpenRLHF's dynamic filtering reads it).")
+    extra_logs: dict[str, list[float]] = Field(
+        description="Per sample: correct (1/0), scored (0: the service could not judge it) and speedup (0 where not measured)."
+    )
