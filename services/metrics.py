@@ -19,6 +19,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -187,6 +188,16 @@ def start_worker_metrics_server(port: int, queues: Iterable[str], addr: str = "0
     registry.register(GpuCollector())
     start_http_server(port, addr=addr, registry=registry)
     log.info("metrics.serving", port=port, multiprocess=registry is not REGISTRY)
+
+
+def clear_multiprocess_dir() -> None:
+    """A restarted worker's container keeps its volume (an emptyDir outlives a container restart): samples
+    the dead processes left there would add to the new ones'. Called by the worker's main process before
+    any of its processes records a sample."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink(missing_ok=True)
 
 
 def forget_process(pid: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, inspect
 
@@ -27,6 +29,7 @@ from services.queue.jobs import submit_job, wait_until_done
 from services.queue.names import probe_task_name
 from services.sandbox.bwrap import bwrap_probe
 
+ROOT = Path(__file__).resolve().parents[1]
 BROKEN_BWRAP = "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"
 
 
@@ -103,6 +106,10 @@ def test_a_prefork_worker_exports_job_and_queue_metrics_after_a_real_job(
     multiproc.mkdir()
     # As deployed: the job runs in a pool process, which writes its samples where the main process's server reads them.
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(multiproc))
+    # What a container that died left in its pod's volume: five finished probes that must not count again.
+    stale = "from services.metrics import JOBS\nfor _ in range(5): JOBS.labels('trainer', 'trainer.probe', 'succeeded').inc()"
+    subprocess.run([sys.executable, "-c", stale], check=True, timeout=60)
+    assert list(multiproc.glob("counter_*.db"))
     start_worker("trainer", metrics_port=port)
     job = submit_job(probe_task_name("trainer"), {"token": "metrics"}, queue="training")
     assert wait_until_done(job.id, 60).status == "succeeded"
@@ -169,3 +176,29 @@ def test_migrations_started_together_on_postgres_all_succeed(postgres_url: str) 
     finally:
         engine.dispose()
     assert {"jobs", "alembic_version"} <= tables
+
+
+def test_the_compose_health_check_passes_for_a_live_worker_and_fails_once_it_is_gone(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """The worker health check as compose runs it (``celery inspect ping`` of the worker's node name)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    check = compose["services"]["trainer-worker"]["healthcheck"]["test"]
+    assert check[0] == "CMD-SHELL"
+    shim = tmp_path / "bin"  # the image's `celery`: this interpreter's, whatever the venv's scripts point at
+    shim.mkdir()
+    (shim / "celery").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m celery "$@"\n')
+    (shim / "celery").chmod(0o755)
+    env = dict(os.environ) | {
+        "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
+        "KZ_REDIS_URL": get_settings().redis_url,
+        "HOSTNAME": socket.gethostname(),  # the container's hostname, which %h in -n expands to
+    }
+    worker = start_worker("trainer")  # named trainer@%h, as compose names it
+
+    def health() -> int:
+        return subprocess.run(["sh", "-c", check[1].replace("$$", "$")], env=env, capture_output=True, timeout=60).returncode
+
+    assert health() == 0
+    worker.stop()
+    assert health() != 0

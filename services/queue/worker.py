@@ -15,7 +15,7 @@ from celery.signals import worker_init, worker_process_init, worker_process_shut
 from services.config import get_settings
 from services.db.session import get_engine
 from services.logs import configure_logging
-from services.metrics import ISOLATION, forget_process, start_worker_metrics_server
+from services.metrics import ISOLATION, clear_multiprocess_dir, forget_process, start_worker_metrics_server
 from services.queue.app import create_celery
 from services.queue.jobs import JobFunction, register_job_task
 from services.queue.names import probe_task_name, service_queues
@@ -54,6 +54,7 @@ def create_worker_app(service: str, jobs: dict[str, JobFunction] | None = None, 
     @worker_init.connect(weak=False)
     def _before_consuming(**_: object) -> None:
         # In the main process, before the pool starts: a refusal here exits with no job taken.
+        clear_multiprocess_dir()
         if runs_untrusted_code:
             check_isolation(service)
 
