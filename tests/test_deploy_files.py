@@ -345,9 +345,11 @@ def quantity_gib(value: str) -> float:
 def test_every_platform_pod_is_locked_down_probed_and_gated_by_the_migration(overlay: str, render: Any) -> None:
     deployments = by_kind(render(overlay), "Deployment")
     platform = {n: d for n, d in deployments.items() if n not in ("redis", "postgres", "vllm")}
-    assert {f"{s}-api" for s in ("proposer", "coder", "reward", "trainer")} | (set(WORKER_QUEUES) - {"reward-gpu-worker"}) <= set(
-        platform
-    )
+    # gpu: the GPU reward worker instead of the CPU one (the APIs send every group to the GPU queue there)
+    scoring = "reward-gpu-worker" if overlay == "gpu" else "reward-worker"
+    workers = {"proposer-worker", "coder-worker", "trainer-worker", scoring}
+    assert {f"{s}-api" for s in ("proposer", "coder", "reward", "trainer")} | workers <= set(platform)
+    assert (set(WORKER_QUEUES) - workers).isdisjoint(platform)  # and not the other scoring worker
     for name, deployment in platform.items():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False, name
@@ -483,9 +485,11 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("worker", ["reward-worker", "proposer-worker"])
-def test_untrusted_code_workers_reach_only_redis_postgres_and_dns(worker: str, render: Any) -> None:
-    docs = render("gpu")
+@pytest.mark.parametrize(
+    ("overlay", "worker"), [("prod", "reward-worker"), ("gpu", "reward-gpu-worker"), ("gpu", "proposer-worker")]
+)
+def test_untrusted_code_workers_reach_only_redis_postgres_and_dns(overlay: str, worker: str, render: Any) -> None:
+    docs = render(overlay)
     labels = by_kind(docs, "Deployment")[worker]["spec"]["template"]["metadata"]["labels"]
     policies = [p for p in by_kind(docs, "NetworkPolicy").values() if selects(p["spec"]["podSelector"], labels)]
     assert any(p["spec"]["podSelector"] == {} and "egress" not in p["spec"] for p in policies)  # default deny
