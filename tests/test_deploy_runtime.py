@@ -202,3 +202,31 @@ def test_the_compose_health_check_passes_for_a_live_worker_and_fails_once_it_is_
     assert health() == 0
     worker.stop()
     assert health() != 0
+
+
+def test_trainer_steps_and_the_served_version_reach_the_metrics(platform_env: Callable[..., Settings], tmp_path: Path) -> None:
+    """What the trainer's worker and the coder's export (in their own process: read from its registry here)."""
+    from prometheus_client import REGISTRY
+
+    from services.db.models import TrainingRun
+    from services.db.session import session_scope
+    from services.metrics import record_served_version
+    from trainer.records import RunRecorder
+
+    with session_scope() as session:
+        run = TrainingRun(config={}, run_dir=str(tmp_path / "run"))
+        session.add(run)
+        session.flush()
+        run_id = run.id
+    steps = {"role": "proposer"}
+    before = REGISTRY.get_sample_value("kernelzero_trainer_steps_total", steps) or 0
+    RunRecorder(run_id, tmp_path / "run").step(
+        0, 3, {"loss": 0.25, "reward_mean": 0.5, "note": "text is not a sample"}, role="proposer"
+    )
+    assert REGISTRY.get_sample_value("kernelzero_trainer_steps_total", steps) == before + 1
+    assert REGISTRY.get_sample_value("kernelzero_trainer_step_value", {"role": "proposer", "name": "loss"}) == 0.25
+    assert REGISTRY.get_sample_value("kernelzero_trainer_step_value", {"role": "proposer", "name": "note"}) is None
+    record_served_version("coder", "openai", "coder-v12")
+    assert REGISTRY.get_sample_value("kernelzero_model_version_served", {"role": "coder", "backend": "openai"}) == 12
+    record_served_version("coder", "openai", None)  # back to the base model
+    assert REGISTRY.get_sample_value("kernelzero_model_version_served", {"role": "coder", "backend": "openai"}) == 0
