@@ -21,6 +21,7 @@ from services.db.serving import Role, ServingVersion, serving_version
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
 from services.llm.chat import Sampling
+from services.metrics import record_served_version
 from services.queue.faults import fault_point
 from services.queue.jobs import JobNotFound, checkpointed, get_job, submit_job
 from services.queue.names import GENERATE_TASK, GENERATION
@@ -153,6 +154,7 @@ class GeneratorCache:
             self._generators[kind] = apply_version(self._generators[kind], kind, version, self.settings)
             log.info("coder.generator_adjusted", backend=kind, version=version_id, name=version.name)
         self._versions[kind] = version_id
+        record_served_version("coder", kind, version.name if version and kind != "template" else None)
         return self._generators[kind]
 
 

@@ -20,4 +20,4 @@ def generate_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return run_generate_job(generators(), job_id, payload)
 
 
-app = create_worker_app("coder", {GENERATE_TASK: generate_job})
+app = create_worker_app("coder", {GENERATE_TASK: generate_job}, runs_untrusted_code=True)  # the tracer runs proposed modules

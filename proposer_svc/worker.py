@@ -4,4 +4,4 @@ from proposer_svc.service import run_propose_job
 from services.queue.names import PROPOSE_TASK
 from services.queue.worker import create_worker_app
 
-app = create_worker_app("proposer", {PROPOSE_TASK: run_propose_job})
+app = create_worker_app("proposer", {PROPOSE_TASK: run_propose_job}, runs_untrusted_code=True)

@@ -15,6 +15,7 @@ from services.config import get_settings
 from services.db.models import Candidate, Job, Score, derived_id
 from services.db.session import session_scope
 from services.db.tasks import ensure_task, source_sha256
+from services.metrics import VERDICTS
 from services.queue.faults import fault_point
 from services.queue.jobs import submit_job
 from services.queue.names import SCORE_GROUP_TASK, scoring_queues
@@ -110,6 +111,8 @@ def run_score_job(evaluator: Evaluator, job_id: str, payload: dict[str, Any]) ->
     request = GroupScoreRequest.model_validate(payload)
     result = score_group(request, evaluator)
     group_id = persist_group(request, result, job_id)
+    for verdict in result.verdicts:
+        VERDICTS.labels(verdict.status, verdict.guard or "none").inc()
     return {**result.model_dump(), "group_id": group_id}
 
 

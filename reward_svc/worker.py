@@ -30,4 +30,4 @@ def score_group_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return run_score_job(evaluator(), job_id, payload)
 
 
-app = create_worker_app("reward", {SCORE_GROUP_TASK: score_group_job})
+app = create_worker_app("reward", {SCORE_GROUP_TASK: score_group_job}, runs_untrusted_code=True)

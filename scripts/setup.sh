@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets KernelZero up on a Debian/Ubuntu machine: the system packages it needs, .venv, torch,
-# then the project itself (editable, with the kernels and dev extras).
+# the locked dependencies (requirements/dev.lock: extras kernels, train, postgres and dev), then the
+# project itself (editable).
 #
 # Idempotent: it installs only what is missing, and when .venv already matches pyproject.toml
 # it returns after a few checks. Environment knobs:
@@ -49,8 +50,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-# 3. Python packages, skipped when .venv was set up from this very pyproject.toml and torch spec.
-want="$(cat pyproject.toml; echo "$TORCH_SPEC $TORCH_INDEX_URL")"
+# 3. Python packages, skipped when .venv was set up from this very pyproject.toml, lock and torch spec.
+# requirements/dev.lock pins every dependency with its hashes (scripts/lock.sh makes it from pyproject.toml);
+# the images install requirements/runtime.lock, resolved within the same pins.
+LOCK=requirements/dev.lock
+want="$(cat pyproject.toml "$LOCK"; echo "$TORCH_SPEC $TORCH_INDEX_URL")"
 want=$(printf '%s' "$want" | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
     && .venv/bin/python -c 'import importlib.metadata as m; m.version("torch"); m.version("kernelzero")' 2>/dev/null; then
@@ -58,12 +62,16 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
 else
     pip=(.venv/bin/python -m pip --disable-pip-version-check)
     # torch first, and a CPU build: left to the `kernels` extra, pip would take PyPI's default
-    # Linux wheel, a multi-GB CUDA build. Once this torch is in, the extra's torch>=2.4 is met.
+    # Linux wheel, a multi-GB CUDA build. The lock leaves torch (and the CUDA libraries of its
+    # CUDA builds) out, so this build is the one that stays.
     # On our machines torch==2.13.0 resolves to a local CPU wheel (pip's find-links).
     say "installing $TORCH_SPEC"
     "${pip[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"
-    say "installing kernelzero (editable, extras kernels, train and dev)"
-    "${pip[@]}" install -q -e '.[kernels,train,dev]'
+    say "installing the locked dependencies ($LOCK)"
+    "${pip[@]}" install -q --require-hashes --no-deps -r "$LOCK"
+    say "installing kernelzero (editable; its dependencies are the lock's)"
+    "${pip[@]}" install -q --no-deps -e .
+    "${pip[@]}" check
     echo "$want" > "$STAMP"
 fi
 

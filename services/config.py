@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     trainer_port: int = 8104
     log_level: str = "INFO"
     log_json: bool = True
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port of a worker's Prometheus /metrics server (deployments set it); unset: the worker opens no port. "
+        "The APIs serve /metrics on their own port.",
+    )
 
     # kernelzero up: a process that dies once the platform is up is started again after a backoff; one that keeps
     # dying is a crash loop, which a restart will not mend, so `up` stops with the reason instead of spinning.

@@ -44,15 +44,23 @@ def worker_queues(command: list[str], service: str) -> list[str]:
 
 
 def k8s_documents() -> list[dict[str, Any]]:
-    """Every resource under k8s/ (the kustomization is kustomize's file, not a resource)."""
-    paths = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    """The resources of k8s/base and the GPU worker of the gpu overlay (kustomize's own files are not
+    resources; tests/test_deploy_files.py renders and validates every overlay)."""
+    paths = sorted(p for p in (K8S / "base").glob("*.yaml") if p.name != "kustomization.yaml")
+    paths.append(K8S / "overlays" / "gpu" / "reward-gpu-worker.yaml")
     return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def k8s_config() -> dict[str, str]:
+    """The ConfigMap's KZ_ settings (base/config.env, which kustomize's generator turns into it)."""
+    lines = (K8S / "base" / "config.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
 def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    expected = {"redis", "postgres", "migrate", "reward-gpu-worker"} | {
+    expected = {"redis", "postgres", "migrate", "reward-gpu0-worker", "reward-gpu1-worker", "trainer-gpu-worker", "vllm"} | {
         f"{s}-{r}" for s in SERVICE_NAMES for r in ("api", "worker")
     }
     assert set(services) == expected
@@ -65,16 +73,19 @@ def test_compose_runs_every_service_and_worker_on_the_right_queues() -> None:
         assert f":{DEFAULT_PORTS[service]}/readyz" in " ".join(api["healthcheck"]["test"])
         queues = worker_queues(services[f"{service}-worker"]["command"], service)
         assert queues == service_queues(service, []), service
-    gpu = services["reward-gpu-worker"]
+    gpu = services["reward-gpu0-worker"]
     assert worker_queues(gpu["command"], "reward") == service_queues("reward", [0])
     # one process per GPU; its groups run in threads sharing the warm children (timing stays exclusive)
     assert option(gpu["command"], "--pool") == "threads"
     assert option(gpu["command"], "-c") == "${KZ_REWARD_GPU_CONCURRENCY:-4}"
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     # trial tensors (GBs) cross between children in memory, not on the container's disk
-    assert gpu["tmpfs"][0].startswith(gpu["environment"]["KZ_REWARD_SCRATCH_DIR"] + ":")
+    assert any(t.startswith(gpu["environment"]["KZ_REWARD_SCRATCH_DIR"] + ":") for t in gpu["tmpfs"])
+    # Every KZ_ variable is a setting (or KZ_SANDBOX, which the sandbox reads); the rest are the images' own.
+    others = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "REDIS_PASSWORD", "REDISCLI_AUTH", "PROMETHEUS_MULTIPROC_DIR"}
+    others |= {"VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_API_KEY", "HF_TOKEN"}
     for name, service in services.items():
-        assert set(service.get("environment", {})) - {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= SETTING_VARS, name
+        assert set(service.get("environment", {})) - others <= SETTING_VARS | {"KZ_SANDBOX"}, name
 
 
 def test_kubernetes_manifests_are_complete_and_consistent() -> None:
@@ -82,14 +93,9 @@ def test_kubernetes_manifests_are_complete_and_consistent() -> None:
     by_kind: dict[str, dict[str, dict[str, Any]]] = {}
     for doc in docs:
         assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
-        if doc["kind"] != "Namespace":
-            assert doc["metadata"]["namespace"] == "kernelzero", doc["metadata"]["name"]
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
     assert set(by_kind["Namespace"]) == {"kernelzero"}
-    assert set(by_kind["ConfigMap"]["kernelzero-config"]["data"]) <= SETTING_VARS
-    assert set(by_kind["Secret"]["kernelzero-secrets"]["stringData"]) <= SETTING_VARS
-    migrate = by_kind["Job"]["kernelzero-migrate"]["spec"]["template"]["spec"]["containers"][0]
-    assert migrate["command"] == ["kernelzero", "db", "upgrade"]
+    assert set(k8s_config()) <= SETTING_VARS
 
     deployments = by_kind["Deployment"]
     for service in SERVICE_NAMES:
@@ -104,11 +110,16 @@ def test_kubernetes_manifests_are_complete_and_consistent() -> None:
         assert svc["ports"][0]["targetPort"] == "http"
         worker = deployments[f"{service}-worker"]["spec"]["template"]["spec"]["containers"][0]
         assert worker_queues(worker["command"], service) == service_queues(service, [])
+        for container in (c for d in deployments.values() for c in d["spec"]["template"]["spec"]["containers"]):
+            assert {e["name"] for e in container.get("env", [])} - {
+                "PROMETHEUS_MULTIPROC_DIR",
+                "REDIS_PASSWORD",
+                "REDISCLI_AUTH",
+            } <= SETTING_VARS | {"KZ_SANDBOX"}
     gpu = deployments["reward-gpu-worker"]["spec"]["template"]["spec"]["containers"][0]
     assert worker_queues(gpu["command"], "reward") == ["score.gpu0"]
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert option(gpu["command"], "--pool") == "threads" and option(gpu["command"], "-c") == "$(KZ_REWARD_GPU_CONCURRENCY)"
-    assert "KZ_REWARD_GPU_CONCURRENCY" in by_kind["ConfigMap"]["kernelzero-config"]["data"]
+    assert option(gpu["command"], "--pool") == "threads" and int(option(gpu["command"], "-c")) >= 1
     scratch = next(e["value"] for e in gpu["env"] if e["name"] == "KZ_REWARD_SCRATCH_DIR")
     gpu_pod = deployments["reward-gpu-worker"]["spec"]["template"]["spec"]
     mount = next(m for m in gpu["volumeMounts"] if m["mountPath"] == scratch)
@@ -128,8 +139,9 @@ def test_up_runs_a_gpu_reward_worker_with_threads_and_the_rest_with_one_process(
         command = worker(settings, service)
         assert "--pool" not in command and option(command, "-c") == "1"
 
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    base = K8S / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in base.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def readme_quickstart() -> list[str]:
@@ -163,10 +175,11 @@ def test_scripts_are_executable_bash(script: str) -> None:
 
 
 def test_the_image_copies_every_package_the_distribution_installs() -> None:
-    """A package left out of docker/Dockerfile installs nothing and fails at its first import in the image."""
+    """A package left out of an image's Dockerfile installs nothing and fails at its first import there."""
     import tomllib
 
     included = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {pattern.rstrip("*") for pattern in included}
-    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "docker" / "Dockerfile").read_text(), re.M))
-    assert packages <= copied, sorted(packages - copied)
+    for dockerfile in ("Dockerfile", "Dockerfile.cuda"):
+        copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "docker" / dockerfile).read_text(), re.M))
+        assert packages <= copied, (dockerfile, sorted(packages - copied))

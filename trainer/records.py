@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from services.db.models import TrainingRecord
 from services.db.session import session_scope
+from services.metrics import record_trainer_step
 
 RECORDS_FILE = "records.jsonl"
 CURVES_FILE = "curves.png"
@@ -29,6 +30,7 @@ class RunRecorder:
 
     def step(self, round_index: int, step: int, metrics: dict[str, Any], role: Role = "coder") -> None:
         self._write("step", round_index, step, metrics, role)
+        record_trainer_step(role, metrics)
 
     def round(self, round_index: int, metrics: dict[str, Any], role: Role = "coder") -> None:
         self._write("round", round_index, None, metrics, role)

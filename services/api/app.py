@@ -22,6 +22,8 @@ from services.api.validation_errors import validation_error_answer
 from services.config import get_settings
 from services.db.session import ping_database
 from services.logs import configure_logging
+from services.metrics import export_queue_depth_from_api
+from services.queue.names import service_queues
 from services.schemas.jobs import Readiness
 
 log = structlog.get_logger(__name__)
@@ -92,4 +94,5 @@ def create_service_app(service: str, *routers: APIRouter, description: str = "")
     for router in (jobs_router(service), *routers):
         app.include_router(router, prefix="/v1", responses=error_answers(401, 413, 503))
     Instrumentator().instrument(app).expose(app, include_in_schema=False)
+    export_queue_depth_from_api(service_queues(service, get_settings().gpu_devices))
     return app

@@ -33,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from services.config import get_settings
 from services.db.models import Job, JobCheckpoint
 from services.db.session import retry_while_database_away, session_scope, until_database_answers
+from services.metrics import JOB_SECONDS, JOBS
 from services.queue.app import producer
 from services.queue.faults import fault_point
 from services.queue.liveness import heartbeat, hold, owner_alive, release, worker_name
@@ -200,26 +201,34 @@ def _finish(
         return updated.rowcount == 1  # type: ignore[attr-defined]
 
 
-def run_job(job_id: str, work: JobFunction) -> None:
-    """The body of every job task: attempt bookkeeping around ``work(job_id, payload)``."""
+def run_job(job_id: str, work: JobFunction, kind: str = "unknown") -> None:
+    """The body of every job task: attempt bookkeeping around ``work(job_id, payload)``; ``kind`` (the
+    task's name, "<service>.<job>") labels its metrics."""
     structlog.contextvars.bind_contextvars(job_id=job_id)
+    started = time.monotonic()
+    outcome = "skipped"
     try:
         if not hold(job_id):
             log.info("job.skipped", reason="another delivery of it is running in this process")
             return
         try:
-            _run_attempt(job_id, work)
+            outcome = _run_attempt(job_id, work)
         finally:
             release(job_id)
     finally:
         structlog.contextvars.unbind_contextvars("job_id")
+        service = kind.split(".", 1)[0]
+        JOBS.labels(service, kind, outcome).inc()
+        if outcome != "skipped":  # a skip's time says nothing about the work
+            JOB_SECONDS.labels(service, kind).observe(time.monotonic() - started)
 
 
-def _run_attempt(job_id: str, work: JobFunction) -> None:
+def _run_attempt(job_id: str, work: JobFunction) -> str:
+    """Run one attempt; its outcome: succeeded, failed, or skipped (not ours to run, or superseded)."""
     job, skipped = _begin_attempt(job_id)
     if job is None:
         log.info("job.skipped", reason=skipped)
-        return
+        return "failed" if skipped and skipped.startswith("gave up") else "skipped"
     log.info("job.started", kind=job.kind, attempt=job.attempts)
     owner = (worker_name(), job.attempts)
     with heartbeat(job_id, *owner, get_settings().worker_heartbeat_s):
@@ -230,12 +239,13 @@ def _run_attempt(job_id: str, work: JobFunction) -> None:
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
             log.exception("job.failed")
             _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)
-            return
+            return "failed"
         fault_point("job.before_finish")
         if not _finish(job_id, "succeeded", result, None, owner):
             log.warning("job.superseded", why="given up on while it ran: another attempt owns the job")
-            return
+            return "skipped"
     log.info("job.succeeded")
+    return "succeeded"
 
 
 def checkpointed(job_id: str, step: str, compute: Callable[[], T], codec: TypeAdapter[T]) -> T:
@@ -268,6 +278,7 @@ class JobTask(Task):
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         if _finish(task_id, "failed", None, f"{type(exc).__name__}: {exc}"):
             log.error("job.failed", job_id=task_id, error=f"{type(exc).__name__}: {exc}")
+            JOBS.labels(self.name.split(".", 1)[0], self.name, "failed").inc()  # the hard limit: run_job never got to count it
 
 
 def register_job_task(app: Celery, kind: str, work: JobFunction) -> None:
@@ -275,7 +286,7 @@ def register_job_task(app: Celery, kind: str, work: JobFunction) -> None:
 
     @app.task(name=kind, bind=False, base=JobTask)
     def _task(job_id: str) -> None:
-        run_job(job_id, work)
+        run_job(job_id, work, kind)
 
 
 def wait_until_done(job_id: str, wait_s: float, poll_s: float = 0.2) -> Job:

@@ -114,7 +114,7 @@ class SandboxProcess:
             sig = -status
         elif self.isolation == "bwrap" and 128 < status <= 128 + 64:
             sig = status - 128  # bwrap reports a child killed by signal N as exit 128+N
-        return SandboxResult(
+        result = SandboxResult(
             returncode=None if sig is not None else status,
             signal=sig,
             timed_out=timed_out,
@@ -125,6 +125,12 @@ class SandboxProcess:
             wall_s=wall_s,
             isolation=self.isolation,
         )
+        from services.metrics import record_sandbox_ending  # here: the sandbox module stays free of the metrics stack
+
+        record_sandbox_ending(
+            self.isolation, timed_out=timed_out, signal=sig, returncode=result.returncode, oom=result.killed_for_memory
+        )
+        return result
 
     def kill(self) -> None:
         """Kill the whole process tree now; safe to call again or after the child exited."""
