@@ -3,8 +3,10 @@
 - ``kz_env``: KZ_ settings pointed at a private data dir, with the cached settings, engines and
   Celery producer reset, because every one of them is an ``lru_cache`` keyed on nothing.
 - ``redis_url``: the shared Redis, but a database number this test session alone holds (a lock
-  key claims it), so concurrent test runs on one machine do not eat each other's messages.
-- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after.
+  key claims it), so concurrent test runs on one machine, and the pytest-xdist workers of one run
+  (each a session of its own), do not eat each other's messages.
+- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after, one per
+  session (per pytest-xdist worker); ``empty_postgres_url``: one per test, for a test that needs it empty.
 - ``platform_env``: ``kz_env`` + that Redis database (emptied) + a migrated SQLite database.
 - ``start_worker``: a real Celery worker process, built exactly as ``kernelzero up`` builds it.
 
@@ -22,6 +24,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -129,9 +132,9 @@ def empty_redis(url: str) -> None:
             client.delete(key)
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A fresh database on the real PostgreSQL, created through the admin URL and dropped after."""
+@contextmanager
+def throwaway_postgres_database() -> Iterator[str]:
+    """A new, empty database on the real PostgreSQL, created through the admin URL and dropped after."""
     admin_url = make_url(TEST_POSTGRES_URL)
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
     name = f"kz_test_{secrets.token_hex(6)}"
@@ -141,10 +144,27 @@ def postgres_url() -> Iterator[str]:
     except OperationalError as exc:
         admin.dispose()
         unavailable(f"PostgreSQL at {admin_url.render_as_string(hide_password=True)} unreachable: {exc.orig}")
-    yield admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The session's database on the real PostgreSQL: shared by the session's tests, so it may hold
+    other tests' tables and rows (a test that needs it empty takes ``empty_postgres_url``)."""
+    with throwaway_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def empty_postgres_url() -> Iterator[str]:
+    """A database of this test's own on the real PostgreSQL: empty whatever ran before it in this process."""
+    with throwaway_postgres_database() as url:
+        yield url
 
 
 @pytest.fixture
