@@ -3,9 +3,10 @@
 - ``kz_env``: KZ_ settings pointed at a private data dir, with the cached settings, engines and
   Celery producer reset, because every one of them is an ``lru_cache`` keyed on nothing.
 - ``redis_url``: the shared Redis, but a database number this test session alone holds (a lock
-  key claims it), so concurrent test runs on one machine do not eat each other's messages.
-- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after;
-  ``private_postgres_url`` one per test.
+  key claims it), so concurrent test runs on one machine, and the pytest-xdist workers of one run
+  (each a session of its own), do not eat each other's messages.
+- ``postgres_url``: a throwaway database created through ``KZ_TEST_POSTGRES_URL`` and dropped after, one per
+  session (per pytest-xdist worker); ``private_postgres_url``: one per test, empty, and the test's own to cut off.
 - ``platform_env``: ``kz_env`` + that Redis database (emptied) + a migrated SQLite database.
 - ``start_worker``: a real Celery worker process, built exactly as ``kernelzero up`` builds it.
 
@@ -132,15 +133,17 @@ def throwaway_postgres_database() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A database of this test session's own on the real PostgreSQL."""
+    """The session's database on the real PostgreSQL: shared by the session's tests, so it may hold
+    other tests' tables and rows (a test that needs it empty takes ``private_postgres_url``)."""
     with throwaway_postgres_database() as url:
         yield url
 
 
 @pytest.fixture
 def private_postgres_url() -> Iterator[str]:
-    """A database of this test's own on the real PostgreSQL: one the test may cut off (its connections
-    terminated, new ones refused) without touching any other test's."""
+    """A database of this test's own on the real PostgreSQL: empty whatever ran before it in this process,
+    and one the test may cut off (its connections terminated, new ones refused) without touching any other
+    test's."""
     with throwaway_postgres_database() as url:
         yield url
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 
 from services import auth
 from services.api.app import create_service_app
@@ -118,7 +119,18 @@ def test_auth_disabled_lets_anonymous_requests_through(platform_env: Callable[..
     assert TestClient(service_app()).get(f"/v1/jobs/{job_id}").status_code == 200
 
 
-def test_metrics_and_openapi(platform_env: Callable[..., Settings]) -> None:
+@pytest.fixture
+def http_metrics_unclaimed() -> None:
+    """The instrumentator registers its HTTP metrics in prometheus_client's process-wide registry when an
+    app serves its first request; an app built later in the same process finds the names taken and
+    records nothing. A service process has one app; a test process has many (test_foundation_jobs' app
+    may have served first): take the HTTP metrics out of the registry so this test's app claims them."""
+    claimed = {collector for name, collector in REGISTRY._names_to_collectors.items() if name.startswith("http_")}
+    for collector in claimed:
+        REGISTRY.unregister(collector)
+
+
+def test_metrics_and_openapi(platform_env: Callable[..., Settings], http_metrics_unclaimed: None) -> None:
     client = TestClient(service_app())
     client.get("/healthz")
     metrics = client.get("/metrics")

@@ -21,7 +21,8 @@ from services.db.session import make_engine
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'migrations.db'}"
-    return request.getfixturevalue("postgres_url")
+    # its own database: the session's may already hold tables that other tests in this process migrated
+    return request.getfixturevalue("private_postgres_url")
 
 
 def user_tables(url: str) -> set[str]:
