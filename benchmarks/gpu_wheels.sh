@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MISSING_THERE=(pydantic pydantic-core pydantic-settings annotated-types typing-inspection typing-extensions python-dotenv
     sqlalchemy greenlet alembic mako celery kombu billiard vine amqp click-didyoumean click-plugins click-repl
     prompt-toolkit wcwidth tzdata tzlocal redis fastapi annotated-doc opentelemetry-api starlette uvicorn structlog
-    prometheus-fastapi-instrumentator)
+    prometheus-fastapi-instrumentator tenacity fastapi-offline)
 
 debs=(bubblewrap)
 if [ "${1:-}" = --trainer ]; then
