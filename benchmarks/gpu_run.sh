@@ -13,7 +13,9 @@
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
-#   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch
+#   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch,
+#                  the sides timed in turns, then one profiled step each (trainer_step_profile.txt: top kernels
+#                  by self CUDA time per side, and the kernels whose time differs most between them)
 #   score[:N]      `kernelzero score` of the Triton ReLU in tests/kernels, N times in a row (the first
 #                  on a cold Triton cache), each a fresh process: wall seconds and the verdict's phases
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
@@ -72,7 +74,7 @@ for step in "$@"; do
         reward)
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
         trainer_step)
-            python3 benchmarks/trainer_step.py --size 0.5b --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
+            python3 benchmarks/trainer_step.py --size 0.5b --profile --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
         score)
             [ "$arg" = score ] && arg=2
             for run in $(seq "$arg"); do

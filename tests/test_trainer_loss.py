@@ -107,6 +107,36 @@ def test_the_loss_and_its_gradients_are_trls_dapo_loss(tiny: Path, tmp_path: Pat
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(my_grads, their_grads))
 
 
+def test_the_attention_mask_is_left_out_only_where_no_prompt_is_left_padded(tiny: Path) -> None:
+    """Completions padded on the right only: the model gets no mask (plain causal attention) and the
+    log-probabilities and their gradients are the masked ones. A left-padded prompt keeps the mask."""
+    model = fuse_logps_head(AutoModelForCausalLM.from_pretrained(tiny), 1.0)
+    masks_seen: list[torch.Tensor | None] = []
+    model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: masks_seen.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    batch = fixed_batch(model.config.vocab_size)
+    tensors = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+
+    def logps_and_grads(prompts_padded: bool | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        logps = completion_logps(model, *tensors, prompts_padded=prompts_padded)
+        (logps * batch["advantages"][:, None]).sum().backward()
+        return logps.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    unmasked, unmasked_grads = logps_and_grads(None)  # read from the all-ones prompt mask
+    masked, masked_grads = logps_and_grads(True)
+    assert masks_seen[0] is None and masks_seen[1] is not None
+    torch.testing.assert_close(unmasked, masked, atol=1e-6, rtol=1e-5)
+    assert len(unmasked_grads) == len(masked_grads) > 0
+    for a, b in zip(unmasked_grads, masked_grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+    batch["prompt_mask"][0, :2] = 0  # the first prompt two tokens shorter, padded on the left
+    completion_logps(model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"])
+    assert masks_seen[2] is not None
+
+
 def test_the_clip_holds_only_the_side_the_advantage_pushes() -> None:
     """A ratio above 1+ε_high with a positive advantage, or below 1-ε_low with a negative one, is held
     (no gradient); the other sides still learn."""

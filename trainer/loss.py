@@ -45,15 +45,29 @@ def completion_logps(
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
+    *,
+    prompts_padded: bool | None = None,
 ) -> torch.Tensor:
     """Per-token log-probabilities (B, T) of the completions under ``model`` (its head fused by
-    ``fuse_logps_head``); 0 at padding."""
+    ``fuse_logps_head``); 0 at padding. Prompts are padded on the left, completions on the right
+    (``completion_mask``: ones, then zeros).
+
+    Where no prompt is left-padded the model gets no attention mask: all the padding is then the
+    completions', on the right, where causal attention keeps every real token from seeing it, so the
+    real tokens' log-probabilities are the ones the mask gives, and attention runs as plain causal
+    attention (on a GPU SDPA's flash kernel over the lower triangle, instead of the memory-efficient
+    kernel over every (query, key) pair with a (B, 1, L, L) mask built for it), and transformers skips
+    its check of the mask (host syncs per forward). TRL's step passes the mask. ``prompts_padded``:
+    whether some prompt is left-padded, where the caller knows it from the lengths; otherwise it is read
+    from ``prompt_mask`` (one sync)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.size(1)
     labels = input_ids.masked_fill(attention_mask == 0, -100)
     labels[:, :-width] = -100  # only the completions are scored
-    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    if prompts_padded is None:
+        prompts_padded = not bool(prompt_mask.all())
+    out = model(input_ids=input_ids, attention_mask=attention_mask if prompts_padded else None, labels=labels, fused_lm_head=True)
     return out.log_probs[:, -width:]  # position t's value is token t + 1's log-probability
 
 

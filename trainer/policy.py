@@ -60,6 +60,25 @@ class _Sequence:
     advantage: float
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward pass's sequences, padded and on the device."""
+
+    tensors: dict[str, torch.Tensor]
+    prompts_padded: bool  # some prompt is shorter than the longest, so left-padded: the model needs the attention mask
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step's groups tokenised and collated into micro-batches on the device (``PolicyTrainer.prepare``):
+    the host's share of a step, done before any of the device's."""
+
+    micro_batches: list[MicroBatch]
+    rewards: list[float]
+    groups: int
+    tokens: int  # this process's completion tokens
+
+
 class PolicyTrainer:
     """The policy being trained, its optimizer and schedule; ``step`` applies one update."""
 
@@ -137,10 +156,11 @@ class PolicyTrainer:
         keep = self.config.max_prompt_tokens
         return {p: self.tokenizer(p, add_special_tokens=False)["input_ids"][-keep:] for p in {s.prompt for s in samples}}
 
-    def _batch(self, sequences: list[_Sequence]) -> dict[str, torch.Tensor]:
+    def _batch(self, sequences: list[_Sequence]) -> MicroBatch:
         """Prompts padded on the left, completions on the right, so every completion starts at one column."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         p_len = max(len(s.prompt_ids) for s in sequences)
+        prompts_padded = any(len(s.prompt_ids) < p_len for s in sequences)
         c_len = max(max(len(s.completion_ids) for s in sequences), 1)
         device = self.accelerator.device
 
@@ -157,20 +177,45 @@ class PolicyTrainer:
         }
         if all(s.behaviour_logps is not None for s in sequences):
             batch["behaviour_logps"] = rows([s.behaviour_logps or [] for s in sequences], c_len, False, 0.0, torch.float32)
-        return batch
+        return MicroBatch(batch, prompts_padded)
 
-    def _logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _logps(self, model: Any, batch: MicroBatch) -> torch.Tensor:
         return completion_logps(
             model,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["completion_ids"],
-            batch["completion_mask"],
+            batch.tensors["prompt_ids"],
+            batch.tensors["prompt_mask"],
+            batch.tensors["completion_ids"],
+            batch.tensors["completion_mask"],
+            prompts_padded=batch.prompts_padded,
+        )
+
+    def prepare(self, groups: list[ClaimedGroup]) -> PreparedStep:
+        """This process's groups tokenised (each distinct prompt once) and collated into micro-batches of
+        ``micro_batch_size`` on the device. Within each group the samples go in order of completion
+        length, so a micro-batch's completions are padded to a length near their own (fewer padding
+        positions through the model) while its prompts stay one group's, unpadded; the loss is a sum
+        over tokens, which the order does not change."""
+        samples = [s for g in groups for s in g.samples]
+        prompt_ids = self._prompt_ids(samples)
+        sequences = [
+            sequence
+            for g in groups
+            for sequence in sorted(
+                (self._sequence(s, prompt_ids[s.prompt]) for s in g.samples), key=lambda q: len(q.completion_ids)
+            )
+        ]
+        size = self.config.micro_batch_size
+        return PreparedStep(
+            micro_batches=[self._batch(sequences[i : i + size]) for i in range(0, len(sequences), size)],
+            rewards=[s.reward for s in samples],
+            groups=len(groups),
+            tokens=sum(len(s.completion_ids) for s in sequences),
         )
 
     # -- the step
-    def step(self, groups: list[ClaimedGroup]) -> StepReport:
-        """One optimizer step on this process's groups (under several processes, each claims its own)."""
+    def step(self, groups: list[ClaimedGroup] | PreparedStep) -> StepReport:
+        """One optimizer step on this process's groups (under several processes, each claims its own),
+        or on what ``prepare`` made of them."""
         started = time.perf_counter()
         report = self.accumulate(groups)
         grad_norm = self.apply()
@@ -181,24 +226,22 @@ class PolicyTrainer:
             seconds=time.perf_counter() - started,
         )
 
-    def accumulate(self, groups: list[ClaimedGroup]) -> StepReport:
+    def accumulate(self, groups: list[ClaimedGroup] | PreparedStep) -> StepReport:
         """The step's gradients, accumulated over micro-batches (and averaged over processes), not yet
         applied; normalised by the completion tokens of every process's groups."""
         started = time.perf_counter()
         config = self.config
-        samples = [s for g in groups for s in g.samples]
-        prompt_ids = self._prompt_ids(samples)
-        sequences = [self._sequence(s, prompt_ids[s.prompt]) for s in samples]
-        size = config.micro_batch_size
-        batches = [self._batch(sequences[i : i + size]) for i in range(0, len(sequences), size)]
-        tokens = sum(len(s.completion_ids) for s in sequences)
-        step_tokens = float(self.accelerator.reduce(torch.tensor(tokens, device=self.accelerator.device), reduction="sum"))
-        step_tokens /= self.accelerator.num_processes  # each process divides its sum; the gradients' mean restores it
+        prepared = groups if isinstance(groups, PreparedStep) else self.prepare(groups)
+        batches = prepared.micro_batches
+        step_tokens = float(prepared.tokens)
+        if self.accelerator.num_processes > 1:  # one process knows its count without a round trip through the device
+            step_tokens = float(self.accelerator.reduce(torch.tensor(prepared.tokens, device=self.accelerator.device), "sum"))
+            step_tokens /= self.accelerator.num_processes  # each process divides its sum; the gradients' mean restores it
         self.model.train()
+        ref_logps: list[torch.Tensor | None] = [None] * len(batches)
         if self.reference is not None:
             with torch.no_grad():
-                for batch in batches:
-                    batch["ref_logps"] = self._logps(self.reference, batch)
+                ref_logps = [self._logps(self.reference, batch) for batch in batches]
         outs: list[PolicyLoss] = []
         for i, batch in enumerate(batches):
             # gradients are averaged across processes once, on the last micro-batch
@@ -208,19 +251,19 @@ class PolicyTrainer:
                     out = policy_loss(
                         logps,
                         logps.detach(),  # one update per claimed batch: the policy before it is this one
-                        batch["advantages"],
-                        batch["completion_mask"],
+                        batch.tensors["advantages"],
+                        batch.tensors["completion_mask"],
                         epsilon_low=config.epsilon_low,
                         epsilon_high=config.epsilon_high,
                         step_tokens=step_tokens,
-                        behaviour_logps=batch.get("behaviour_logps"),
+                        behaviour_logps=batch.tensors.get("behaviour_logps"),
                         importance_cap=config.importance_cap,
-                        ref_logps=batch.get("ref_logps"),
+                        ref_logps=ref_logps[i],
                         beta=config.beta,
                     )
                 self.accelerator.backward(out.loss)
             outs.append(replace(out, loss=out.loss.detach()))
-        rewards = [s.reward for s in samples]
+        rewards = prepared.rewards
         # each process's loss is over the step's tokens divided among the processes: their mean is the step's
         loss_total = float(self.accelerator.reduce(sum(o.loss for o in outs), reduction="mean")) if outs else 0.0
         return StepReport(
@@ -232,19 +275,22 @@ class PolicyTrainer:
             learning_rate=float(self.scheduler.get_last_lr()[0]),
             reward_mean=statistics.fmean(rewards) if rewards else 0.0,
             reward_std=statistics.pstdev(rewards) if rewards else 0.0,
-            groups=len(groups),
-            samples=len(samples),
-            tokens=tokens,
+            groups=prepared.groups,
+            samples=len(rewards),
+            tokens=prepared.tokens,
             seconds=time.perf_counter() - started,
         )
 
     def apply(self) -> float:
         """Clip the accumulated gradients, step the optimizer and the schedule; the norm before clipping."""
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm if math.isfinite(grad_norm) else float("nan")
+        # read after the optimizer's kernels are queued: read before, it would hold the host until the backward
+        # drained, and the device would then idle while the host launched the optimizer
+        norm = float(grad_norm)
+        return norm if math.isfinite(norm) else float("nan")
 
     def save(self, directory: Path) -> Path:
         """The adapter (LoRA) or the whole model, with the tokenizer, where serving can load it, and the
