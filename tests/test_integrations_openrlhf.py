@@ -92,7 +92,8 @@ def test_the_sdk_calls_the_same_route(reward_service: str) -> None:
 
 
 def test_groups_still_scoring_answer_503_and_the_same_request_picks_them_up(reward_service: str) -> None:
-    body = {"query": [PROMPT + reply(CORRECT) + "\n# scored late"], "prompts": [PROMPT], "labels": [RELU_REFERENCE]}
+    # a source no other test scores (a line outside the fence would be left out by the extractor): its job is new
+    body = {"query": [PROMPT + reply(CORRECT + "\n# scored late")], "prompts": [PROMPT], "labels": [RELU_REFERENCE]}
     early = httpx.post(f"{reward_service}/v1/get_reward?device=cpu&wait_s=0", json=body, timeout=30)
     assert early.status_code == 503 and early.headers["retry-after"] == "1"  # what OpenRLHF's client retries
     assert "still scoring" in early.json()["detail"]

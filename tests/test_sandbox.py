@@ -89,7 +89,9 @@ def test_bwrap_root_is_read_only_and_writable_dirs_and_private_tmp_work(tmp_path
     work.mkdir()
     # Next to the writable dir is still under /tmp: private, so it works but stays inside.
     private = [f"/tmp/kz-sandbox-test-{uuid.uuid4().hex}", str(tmp_path / "next-to-work")]
-    forbidden = ["/usr/kz-sandbox-test", str(REPO / "kz-sandbox-test")]
+    forbidden = ["/usr/kz-sandbox-test"]
+    # The checkout is read-only, unless it lies under /tmp (a clone there): then it is private like the rest.
+    (private if REPO.resolve().is_relative_to("/tmp") else forbidden).append(str(REPO / "kz-sandbox-test"))
     code = """
         import json, sys
         def attempt(path):
