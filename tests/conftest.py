@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 import pytest
 import redis
+import torch
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
@@ -46,6 +47,26 @@ TEST_REDIS_URL = os.environ.get("KZ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 TEST_POSTGRES_URL = os.environ.get("KZ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_LOCK_KEY = "kernelzero:test-session"
 REDIS_DB_CANDIDATES = range(15, 7, -1)
+
+
+def share_cores_between_xdist_workers() -> None:
+    """Under pytest-xdist, give each worker's torch (OpenMP) its share of the cores, not all of them.
+
+    Two workers each running torch with one thread per core oversubscribe the machine, and OpenMP's
+    threads spin while they wait for each other: on 2 busy cores, with two threads per worker,
+    test_trainer_learning took 54 to 91 s, and 1 s alone; with one thread per worker it stayed off the
+    slowest list (under 24 s). The environment reaches every process a test starts (workers, CLIs, trainers);
+    sandboxed children already run with one thread (services/children/pool.py). An OMP_NUM_THREADS
+    given by the caller is kept.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)  # this process imported torch above, before the variable was set
+
+
+share_cores_between_xdist_workers()
 
 
 def unavailable(reason: str) -> NoReturn:
