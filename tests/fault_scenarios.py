@@ -26,7 +26,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import make_url
 
-from processes import WorkerProcess
+from processes import WorkerProcess, wait_for
 from reward_cases import RELU_REFERENCE
 from servers import RedisServer, ServiceProcess
 from services.config import get_settings
@@ -128,14 +128,6 @@ def running_count(job_ids: list[str]) -> int:
 def succeeded_count(job_ids: list[str]) -> int:
     with session_scope() as session:
         return int(session.scalar(select(func.count()).where(Job.id.in_(job_ids), Job.status == "succeeded")) or 0)
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout_s} s")
-        time.sleep(0.05)
 
 
 # --- Redis killed, started again after a while -------------------------------------------------

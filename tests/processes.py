@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,15 @@ from services.db.session import engine_for
 from services.queue.app import producer
 
 TESTS_DIR = Path(__file__).resolve().parent
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Until ``condition()`` holds; TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout_s} s")
+        time.sleep(0.05)
 
 
 def reset_platform_caches() -> None:

@@ -7,12 +7,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from processes import wait_for
 from services.children.device import TIMINGS_SUFFIX, gpu_lock
 
 
@@ -105,13 +106,6 @@ def announced(lock: Path) -> bool:
     return not can_take(Path(f"{lock}{TIMINGS_SUFFIX}"), fcntl.LOCK_EX)
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Path) -> None:
     """Linux flock would grant new shared holds while a timing waits, so under steady correctness
     work the timing could wait forever; an announced timing makes later correctness work wait."""
@@ -129,7 +123,7 @@ def test_a_waiting_timing_is_not_overtaken_by_new_correctness_work(tmp_path: Pat
             text=True,
         )
         try:
-            wait_until(lambda: announced(lock) or timing.poll() is not None, "the timing never announced itself")
+            wait_for(lambda: announced(lock) or timing.poll() is not None, 30, "a timing announced")
             assert timing.poll() is None
             entered = threading.Event()
 
@@ -170,7 +164,7 @@ def test_timings_announced_while_the_device_drains_run_back_to_back(tmp_path: Pa
 
     with gpu_lock(lock):  # a trial in progress
         first = hold("timing 1", exclusive=True)
-        wait_until(lambda: announced(Path(lock)), "the first timing never announced itself")
+        wait_for(lambda: announced(Path(lock)), 30, "the first timing announced")
         correctness = hold("correctness", exclusive=False)
         time.sleep(0.3)  # the correctness work is waiting now
         second = hold("timing 2", exclusive=True)
