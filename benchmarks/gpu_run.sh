@@ -18,6 +18,10 @@
 #                  by self CUDA time per side, and the kernels whose time differs most between them)
 #   score[:N]      `kernelzero score` of the Triton ReLU in tests/kernels, N times in a row (the first
 #                  on a cold Triton cache), each a fresh process: wall seconds and the verdict's phases
+#   score_latency[:N]  benchmarks/score_latency.sh: N single scores of the ReLU in the CLI's own sandboxes, then N with
+#                  --service on `kernelzero up`'s warm reward worker (needs gpu_wheels.sh --trainer, for Redis)
+#   supply         benchmarks/child_supply.py: a warm-up's phases (1 and 16 at once) and the pool's children per
+#                  minute at 8 and 16 warm children (a child serves one job: the cap on evaluations per minute)
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
@@ -75,6 +79,8 @@ for step in "$@"; do
             python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
         trainer_step)
             python3 benchmarks/trainer_step.py --size 0.5b --profile --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
+        supply)
+            python3 benchmarks/child_supply.py --device cuda --together 1 16 --sizes 8 16 --seconds 30 --out "$RESULTS/child_supply.json" ;;
         score)
             [ "$arg" = score ] && arg=2
             for run in $(seq "$arg"); do
@@ -84,6 +90,9 @@ for step in "$@"; do
                 echo "score run $run: $("$PYTHON" -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 2))' "$started") s wall"
                 "$PYTHON" -c 'import json, sys; v = json.load(open(sys.argv[1])); print(v["status"], json.dumps(v["details"].get("seconds")), json.dumps(v["details"].get("phases")))' "$RESULTS/score_$run.json"
             done ;;
+        score_latency)
+            [ "$arg" = score_latency ] && arg=3
+            timeout -s INT -k 30 "$limit" bash benchmarks/score_latency.sh "$RESULTS/score_latency" "$arg" ;;
         loop)
             [ "$arg" = loop ] && arg=4
             timeout -s INT -k 30 "$limit" bash benchmarks/loop_gpu.sh "$RESULTS/loop" "$arg" ;;

@@ -35,5 +35,7 @@ for tag in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 many
 done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" -d .whl "${pins[@]}"
+# py-spy: the throughput benchmark's stacks of what a waiting timing waits behind (device_lock_trace.py), PROFILE=1
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 -d .whl py-spy==0.4.3
 (cd .whl && apt-get download "${debs[@]}" 2>/dev/null)
 echo "gpu_wheels: $(ls .whl | wc -l) files in .whl ($(du -sh .whl | cut -f1)); carry .whl and source benchmarks/gpu_env.sh there"

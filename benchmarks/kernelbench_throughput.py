@@ -56,6 +56,8 @@ from rich.progress import track
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from device_lock_trace import DeviceLockTrace  # noqa: E402  (this folder is on the path when the script runs)
+
 console = Console()
 KB_TIMEOUT_S = 180
 
@@ -141,8 +143,13 @@ class UtilisationSampler:
         except Exception:  # no NVML: CPU figures only
             pynvml = gpu = None
         psutil.cpu_percent()
+        started = time.perf_counter()
         while not self._stop.wait(1.0):
-            sample = {"cpu_pct": psutil.cpu_percent(), "host_mem_gb": psutil.virtual_memory().used / 1e9}
+            sample = {
+                "t": round(time.perf_counter() - started, 1),
+                "cpu_pct": psutil.cpu_percent(),
+                "host_mem_gb": psutil.virtual_memory().used / 1e9,
+            }
             if self.scratch is not None and self.scratch.exists():
                 sample["scratch_gb"] = psutil.disk_usage(str(self.scratch)).used / 1e9
             if gpu is not None:
@@ -151,7 +158,7 @@ class UtilisationSampler:
             self.samples.append(sample)
 
     def summary(self) -> dict[str, Any]:
-        keys = sorted({k for s in self.samples for k in s})
+        keys = sorted({k for s in self.samples for k in s} - {"t"})
         return {
             k: {
                 "mean": round(statistics.fmean(s[k] for s in self.samples if k in s), 1),
@@ -282,7 +289,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
     executor = ThreadPoolExecutor(max_workers=concurrency)
     cut = False
     try:
-        with UtilisationSampler(evaluator.layout.exchange) as sampler:
+        with UtilisationSampler(evaluator.layout.exchange) as sampler, DeviceLockTrace(evaluator.layout.gpu_lock("cuda")) as lock:
             futures = [executor.submit(evaluate_group, *w) for w in work]
             try:
                 for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
@@ -294,12 +301,14 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
         executor.shutdown(wait=not cut, cancel_futures=True)
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
+    summary["samples"] = sampler.samples
     summary.update(
         concurrency=concurrency,
         group=group,
         warm_children=warm_children(evaluator.settings, "cuda"),
         pool_warm_at_start=warmed,
         utilisation=sampler.summary(),
+        device_lock=lock.summary(),
         cut=cut,
         exchange={
             "budget_bytes": evaluator.exchange_max_bytes,
@@ -311,14 +320,76 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
 
 def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
     walls = [r["wall_s"] for r in rows]
+    groups = {r["problem"].split("#")[0]: r for r in rows if "group_wall_s" in r}  # one row per group
     return {
         "candidates": len(rows),
         "total_s": round(total_s, 2),
         "candidates_per_min": round(60 * len(rows) / total_s, 2) if total_s else None,
         "p50_s": round(statistics.median(walls), 3) if walls else None,
+        "group_p50_s": _median(r["group_wall_s"] for r in groups.values()),
+        "first_group_s": min((r["finished_s"] for r in groups.values() if "finished_s" in r), default=None),
+        "median_waits_s": {
+            "candidate_lock": _median(_phase(r, "candidate", "lock_wait") for r in rows),
+            "reference_lock": _median(_phase(r, "reference", "lock_wait") for r in groups.values()),
+            "candidate_child": _median(_waiting(r, "child") for r in rows),
+            "reference_child": _median(_waiting(r, "reference_child") for r in groups.values()),
+        },
+        "median_phases_s": {
+            side: _median_phases((r.get("phases") or {}).get(side) for r in sides)
+            for side, sides in (("candidate", rows), ("reference", list(groups.values())))
+        },
         "correct": sum(bool(r.get("correct")) for r in rows),
         "rows": rows,
     }
+
+
+def _median_phases(phases: Any) -> dict[str, float | None]:
+    """Each phase's median over the children that reported phases (a phase a child did not go
+    through counts as 0 s: a compile released only where a kernel was built)."""
+    reported = [p for p in phases if p]
+    names = sorted({name for p in reported for name in p})
+    return {name: _median(p.get(name, 0.0) for p in reported) for name in names}
+
+
+def _phase(row: dict[str, Any], side: str, name: str) -> float | None:
+    return ((row.get("phases") or {}).get(side) or {}).get(name)
+
+
+def _waiting(row: dict[str, Any], name: str) -> float | None:
+    return ((row.get("seconds") or {}).get("waiting") or {}).get(name)
+
+
+def _median(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def plot_progress(summary: dict[str, Any], path: Path, title: str) -> None:
+    """Candidates finished over time, with the CPU's and the GPU's busy share beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, done_axis = plt.subplots(figsize=(9, 4.5))
+    finished = sorted(r["finished_s"] for r in summary["rows"] if "finished_s" in r)
+    done_axis.step(finished, range(1, len(finished) + 1), where="post", color="black", label="candidates finished")
+    done_axis.set_xlabel("seconds since the pool was warm")
+    done_axis.set_ylabel("candidates finished")
+    busy_axis = done_axis.twinx()
+    samples = summary.get("samples") or []
+    for key, colour in (("cpu_pct", "tab:blue"), ("gpu_pct", "tab:green")):
+        points = [(s["t"], s[key]) for s in samples if key in s]
+        if points:
+            busy_axis.plot(*zip(*points), color=colour, alpha=0.5, linewidth=0.8, label=key.replace("_pct", " busy %"))
+    busy_axis.set_ylim(0, 105)
+    busy_axis.set_ylabel("busy %")
+    handles = done_axis.get_legend_handles_labels()[0] + busy_axis.get_legend_handles_labels()[0]
+    done_axis.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    done_axis.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -369,14 +440,29 @@ def main() -> None:
             r["correct"] == theirs.get(r["problem"]) for r in report["ours"]["rows"] if r["problem"] in theirs
         )
     (args.out / f"kernelbench_throughput{'_' + args.only if args.only else ''}.json").write_text(json.dumps(report, indent=1))
-    table = Table(title=f"{len(work)} KernelBench problems, template Triton candidates, groups of {args.group}")
-    for column in ("evaluator", "candidates/min", "p50 s", "correct"):
+    title = f"{len(work)} KernelBench problems, template Triton candidates, groups of {args.group}"
+    if "ours" in report:
+        plot_progress(report["ours"], args.out / f"throughput_g{args.group}.png", f"ours: {title}")
+    table = Table(title=title)
+    for column in ("evaluator", "candidates/min", "p50 s", "group p50 s", "first group s", "correct"):
         table.add_column(column)
     for side in ("ours", "kernelbench"):
         if side in report:
             s = report[side]
-            table.add_row(side, str(s["candidates_per_min"]), str(s["p50_s"]), f"{s['correct']}/{s['candidates']}")
+            table.add_row(
+                side,
+                str(s["candidates_per_min"]),
+                str(s["p50_s"]),
+                str(s.get("group_p50_s", "")),
+                str(s.get("first_group_s", "")),
+                f"{s['correct']}/{s['candidates']}",
+            )
     console.print(table)
+    if "ours" in report:
+        console.print(f"ours, median waits (s): {report['ours']['median_waits_s']}")
+        console.print(f"ours, median phases (s): {report['ours']['median_phases_s']}")
+        lock = {k: v for k, v in report["ours"].get("device_lock", {}).items() if k != "long_drain_stacks"}
+        console.print(f"ours, device lock: {lock}")
     if "throughput_ratio" in report:
         console.print(f"throughput ratio {report['throughput_ratio']}x; verdicts agree on {report['agreement']} samples")
     if report.get("ours", {}).get("cut"):

@@ -13,24 +13,13 @@ out=$1
 rounds=${2:-4}
 device=${LOOP_DEVICE:-cuda}
 mkdir -p "$out"
-if [ "$device" = cuda ]; then export KZ_GPU_DEVICES='[0]'; fi
-export KZ_AUTH_ENABLED=false
 model=$KZ_DATA_DIR/tiny-coder
 
 python3 -m kernelzero train tiny-model "$model" --module tests/kernels/relu/reference.py \
     --kernel tests/kernels/relu/triton_correct.py --device "$device" 2>&1 | tee "$out/tiny_model.log"
 
-KZ_CODER_MODEL_BACKEND=hf KZ_CODER_HF_MODEL_PATH=$model python3 -m kernelzero up > "$out/up.log" 2>&1 &
-platform=$!
-trap 'kill -INT $platform 2>/dev/null; wait $platform' EXIT
-ready() { python3 -m kernelzero status --json 2>/dev/null | python3 -c 'import json, sys; sys.exit(set(json.load(sys.stdin)["services"].values()) != {"ready"})'; }
-started=$(date +%s)
-until ready; do
-    kill -0 $platform 2>/dev/null || { echo "loop_gpu: kernelzero up stopped" >&2; tail -30 "$out/up.log" >&2; exit 1; }
-    (( $(date +%s) - started < 300 )) || { echo "loop_gpu: the platform was not ready in 300 s" >&2; exit 1; }
-    sleep 2
-done
-echo "loop_gpu: platform ready in $(( $(date +%s) - started )) s"
+source benchmarks/platform.sh
+platform_up "$out/up.log" "$device" KZ_CODER_MODEL_BACKEND=hf KZ_CODER_HF_MODEL_PATH="$model"
 
 cat > "$out/loop.yaml" <<YAML
 coder: {model_path: $model, group_size: 8, groups_per_step: 1, learning_rate: 0.005}

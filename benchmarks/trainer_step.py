@@ -315,39 +315,31 @@ def profiled(step: Callable[[], object], device: str, rows: int) -> tuple[dict[s
     return {"ops": ops, "work_op_shapes": sorted(shapes, key=lambda r: (r["op"], r["shapes"]))}, table
 
 
-def count_differences(profiles: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The operators each side runs a different number of times in a step, most different first."""
+def side_by_side(profiles: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every operator and kernel either side ran in its profiled step: its count and self device time on each."""
     ours, trl = profiles["ours"]["ops"], profiles["trl"]["ops"]
-    rows = [
+    return [
         {
             "op": name,
-            "ours": ours.get(name, {}).get("count", 0),
-            "trl": trl.get(name, {}).get("count", 0),
-            "ours_self_device_ms": ours.get(name, {}).get("self_device_ms", 0.0),
-            "trl_self_device_ms": trl.get(name, {}).get("self_device_ms", 0.0),
+            "ours_count": ours.get(name, {}).get("count", 0),
+            "trl_count": trl.get(name, {}).get("count", 0),
+            "ours_ms": ours.get(name, {}).get("self_device_ms", 0.0),
+            "trl_ms": trl.get(name, {}).get("self_device_ms", 0.0),
         }
         for name in sorted(set(ours) | set(trl))
-        if ours.get(name, {}).get("count", 0) != trl.get(name, {}).get("count", 0)
     ]
-    return sorted(rows, key=lambda r: -abs(r["ours"] - r["trl"]))
+
+
+def count_differences(profiles: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operators each side runs a different number of times in a step, most different first."""
+    rows = [r for r in side_by_side(profiles) if r["ours_count"] != r["trl_count"]]
+    return sorted(rows, key=lambda r: -abs(r["ours_count"] - r["trl_count"]))
 
 
 def device_time_differences(profiles: dict[str, dict[str, Any]], rows: int) -> list[dict[str, Any]]:
     """The operators and kernels whose self device time differs most between the sides (on a GPU: where
     the gap between the two step times is spent)."""
-    ours, trl = profiles["ours"]["ops"], profiles["trl"]["ops"]
-    names = set(ours) | set(trl)
-    deltas = [
-        {
-            "op": name,
-            "ours_ms": ours.get(name, {}).get("self_device_ms", 0.0),
-            "trl_ms": trl.get(name, {}).get("self_device_ms", 0.0),
-            "ours_count": ours.get(name, {}).get("count", 0),
-            "trl_count": trl.get(name, {}).get("count", 0),
-        }
-        for name in names
-    ]
-    deltas = [d for d in deltas if d["ours_ms"] != d["trl_ms"]]
+    deltas = [r for r in side_by_side(profiles) if r["ours_ms"] != r["trl_ms"]]
     return sorted(deltas, key=lambda d: -abs(d["ours_ms"] - d["trl_ms"]))[:rows]
 
 
@@ -418,7 +410,7 @@ def main() -> None:
     if profiles:
         differences = count_differences(profiles) if len(profiles) == 2 else []
         lines = [f"{'operator':90} {'ours':>7} {'trl':>7}"] + [
-            f"{d['op'][:90]:90} {d['ours']:>7} {d['trl']:>7}" for d in differences
+            f"{d['op'][:90]:90} {d['ours_count']:>7} {d['trl_count']:>7}" for d in differences
         ]
         tables.append("=== operators run a different number of times in one step\n" + "\n".join(lines))
         device_deltas = (

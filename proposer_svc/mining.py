@@ -35,7 +35,6 @@ from functools import cache
 from itertools import combinations
 from pathlib import Path
 
-import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import delete, select
 
@@ -90,6 +89,7 @@ class MiningResult:
 
 def default_corpus() -> list[CorpusSource]:
     """The installed ``transformers`` modeling files and ``torch.nn``'s own modules."""
+    import torch
     import transformers
 
     return [
@@ -181,6 +181,8 @@ def _absolute_module(node: ast.ImportFrom, package: str | None) -> str | None:
 @cache
 def canonical_api(dotted: str) -> str | None:
     """The canonical API name of a dotted path into torch, or None when it is not an op."""
+    import torch  # here, not at the top: the Proposer's API reads mined statistics without loading torch
+
     parts = dotted.split(".")
     if parts[0] != "torch" or any(p.startswith("_") for p in parts):
         return None
@@ -207,6 +209,8 @@ def canonical_api(dotted: str) -> str | None:
 
 @cache
 def is_tensor_method(name: str) -> bool:
+    import torch
+
     return not name.startswith("_") and callable(getattr(torch.Tensor, name, None))
 
 

@@ -33,7 +33,6 @@ from services.sandbox import SandboxResult
 from services.schemas.reward import ScoreOptions, Verdict
 
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
-OUTPUTS_IN_FLIGHT = 1  # a candidate's published output files not yet judged; its harness waits beyond them
 
 
 @dataclass
@@ -144,6 +143,7 @@ class Evaluator:
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
             admitted = time.perf_counter()
             ref_child = self.pool(device, options.timeout_s).take()
+            ref_child.wait_ready(options.timeout_s)
             ref_waits = {
                 "reference_admission": round(admitted - started, 3),
                 "reference_child": round(time.perf_counter() - admitted, 3),
@@ -199,12 +199,13 @@ class Evaluator:
         # the trials (one of them the knockout), the refresh, the recall and, where it is timed, the last timed call
         outputs = cases + 2 + (options.measure_speed and device == "cuda")
         # judged as they come (OutputStream): those waiting for the judge, and the one being written
-        at_once = min(outputs, OUTPUTS_IN_FLIGHT + 1)
+        at_once = min(outputs, self.settings.reward_outputs_in_flight + 1)
         for attempt in range(MEMORY_RETRIES + 1):
             started = time.perf_counter()
             with self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)):
                 admitted = time.perf_counter()
                 child = self.pool(device, options.timeout_s).take()
+                child.wait_ready(options.timeout_s)
                 waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
                 with self.device_users.use() as seen:
                     verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
@@ -253,7 +254,7 @@ class Evaluator:
                 "time": options.measure_speed and device == "cuda",
                 "timing_budget_s": options.timing_budget_s,
                 "fingerprint_key": fingerprint_key,
-                "outputs_in_flight": OUTPUTS_IN_FLIGHT,
+                "outputs_in_flight": self.settings.reward_outputs_in_flight,
                 "knockout_case": knockout_case,
                 "copies_are_work": copies_are_work,
             }

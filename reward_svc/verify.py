@@ -293,9 +293,10 @@ def case_allowances(ref_result: ReferenceResult) -> list[Allowance]:
 class OutputStream:
     """Judges a candidate's output files while its child still runs, each as soon as the harness
     publishes it, and lets it go. The harness publishes its next output only once fewer than
-    ``evaluate.OUTPUTS_IN_FLIGHT`` wait (a bounded wait), so a candidate's files in the scratch dir stay at
-    about two outputs, not all six (three trials, refresh, knockout, timed calls), and judging
-    overlaps the child's later trials and timing. What is left when the child ends is judged in place."""
+    ``KZ_REWARD_OUTPUTS_IN_FLIGHT`` wait (a bounded wait), so a candidate's files in the scratch dir stay at
+    that many outputs and the one being written (two by default), not all six (three trials, refresh,
+    knockout, timed calls), and judging overlaps the child's later trials and timing. What is left
+    when the child ends is judged in place."""
 
     POLL_S = 0.01
 
@@ -514,7 +515,7 @@ def _judge_outputs(
 
     cand_timing, ref_timing = cand_result.get("timing"), ref_result.get("timing")
     if cand_timing:
-        evasion = _timing_evasion(cand_timing, observations, files, produced, against_reference)
+        evasion = _timing_evasion(cand_timing, observations, ref_result, files, produced, against_reference)
         if evasion:
             return Verdict("rejected", evasion, guard="timing_evasion", max_abs_error=_finite(max_error))
     verdict = Verdict(
@@ -544,12 +545,14 @@ def _judge_outputs(
 def _timing_evasion(
     timing: Timing,
     observations: Observations,
+    ref_result: ReferenceResult,
     files: TrialFiles,
     produced: Callable[[str], bool],
     against_reference: Callable[[str], Comparison],
 ) -> str | None:
     """Why the timed calls were not the checked forward: their check call (on values neither the first
-    nor the last timed call had) gave a wrong answer, or they launched fewer custom kernels."""
+    nor the last timed call had, under the timed calls' conditions) gave a wrong answer, had PyTorch do
+    the reference's work or launched fewer custom kernels than a trial, or the timed calls launched fewer."""
     checked = next((name for name in files.names() if name.startswith("output_timed_") and produced(name)), None)
     if checked is None:
         return "the timed calls' output was not kept: forward computes less while it is timed"
@@ -560,6 +563,22 @@ def _timing_evasion(
             "calls return what an earlier call left (a cache keyed on the tensors) or forward computes less while timed"
         )
     per_call, checked_calls = timing.get("launches_per_call"), observations.get("launches_per_case") or [0]
+    check = timing.get("check")
+    if not isinstance(check, dict):
+        return "the call after the timed ones was not recorded: forward's work while it is timed is unknown"
+    covered = pytorch_covers_reference(check.get("work"), _reference_work(ref_result, check.get("case")))
+    if covered:
+        return (
+            f"after timing, a call under the timed calls' conditions had PyTorch itself do the reference's "
+            f"{', '.join(covered)} work, which the trials' kernels did: forward tells the timed calls from the judged "
+            "ones and lets PyTorch compute while it is timed"
+        )
+    launches = check.get("launches")
+    if not isinstance(launches, int) or launches < min(checked_calls):
+        return (
+            f"after timing, a call under the timed calls' conditions launched {launches} custom kernels where every "
+            f"checked call launched at least {min(checked_calls)}: while timed, forward skips its kernels"
+        )
     if isinstance(per_call, (int, float)) and per_call < min(checked_calls) - 1e-9:
         return (
             f"the timed calls launched {per_call:.2f} custom kernels each where every checked call launched at least "
@@ -627,10 +646,8 @@ def guard_observations(observations: Observations, ref_result: ReferenceResult) 
 def pytorch_work(observations: Observations, ref_result: ReferenceResult, share: float = FALLBACK_WORK_SHARE) -> str | None:
     """Why PyTorch, not the custom kernels, did the reference's work (at least ``share`` of it) in some
     trial (checked once the outputs were: a decoy gets the knockout's verdict first), or None."""
-    ref_work = ref_result.get("work_per_case") or []
     for case, work in enumerate(observations.get("work_per_case") or []):
-        reference = ref_work[case] if case < len(ref_work) else (ref_work[0] if ref_work else None)
-        covered = pytorch_covers_reference(work, reference, share)
+        covered = pytorch_covers_reference(work, _reference_work(ref_result, case), share)
         if covered:
             return (
                 f"PyTorch itself does the reference's work on trial {case + 1}: its ops do at least {share:.0%} "
@@ -638,6 +655,12 @@ def pytorch_work(observations: Observations, ref_result: ReferenceResult, share:
                 "kind the reference does not do counts toward each), so the custom kernels do not compute the answer"
             )
     return None
+
+
+def _reference_work(ref_result: ReferenceResult, case: Any) -> Any:
+    """The reference's PyTorch work on ``case``, or on case 0 where it has none recorded for it."""
+    ref_work = ref_result.get("work_per_case") or []
+    return ref_work[case] if isinstance(case, int) and 0 <= case < len(ref_work) else (ref_work[0] if ref_work else None)
 
 
 def pytorch_covers_reference(cand: Any, ref: Any, share: float = FALLBACK_WORK_SHARE) -> list[str]:

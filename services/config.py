@@ -146,6 +146,13 @@ class Settings(BaseSettings):
         "once, and on a disk GB-sized ones cost seconds each.",
     )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
+    reward_outputs_in_flight: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="A candidate's published output files not yet judged before its harness waits for the judge: more lets "
+        "a candidate run ahead of a busy judge, and reserves one more output's bytes of the exchange budget each.",
+    )
     reward_cache_max_bytes: int = Field(
         default=20 << 30,
         gt=0,

@@ -85,7 +85,19 @@ def wait_until_ended(job_ids: list[str], fault_ended: float, workers: list[Worke
         jobs = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
     ends = sorted(as_utc(j.finished_at).timestamp() for j in jobs.values() if j.finished_at is not None)
     after = [t - fault_ended for t in ends if t > fault_ended] or [0.0]
-    return Ended(jobs, [w.log() for w in workers], after[0], after[-1])
+    succeeded = {job.id for job in jobs.values() if job.status == "succeeded"}
+    return Ended(jobs, logs_once_they_show(workers, succeeded), after[0], after[-1])
+
+
+def logs_once_they_show(workers: list[WorkerProcess], succeeded: set[str], timeout_s: float = 10) -> list[str]:
+    """The workers' logs once each succeeded job's "job.succeeded" line is in them (a worker writes it just
+    after the job's row says so); as they are after ``timeout_s`` otherwise, for ``ended_once`` to report."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = [w.log() for w in workers]
+        if succeeded <= {event["job_id"] for event in events(logs, "job.succeeded")} or time.monotonic() > deadline:
+            return logs
+        time.sleep(0.1)
 
 
 def events(logs: list[str], name: str) -> list[dict[str, Any]]:

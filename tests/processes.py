@@ -54,6 +54,11 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_once_it_has(self, text: str, timeout_s: float = 10) -> str:
+        """The log once ``text`` is in it: a job's row changes before its worker logs the change."""
+        wait_for(lambda: text in self.log(), timeout_s, f"{text!r} in {self.log_path.name}")
+        return self.log()
+
     def pool_pids(self) -> set[int]:
         return {child.pid for child in psutil.Process(self.popen.pid).children(recursive=True)}
 

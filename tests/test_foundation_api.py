@@ -160,3 +160,15 @@ def test_apikey_cli_creates_admin_keys_on_request(platform_env: Callable[..., Se
     assert [(key.name, key.admin) for key in created if key is not None] == [("ci", False), ("ops", True)]
     listing = runner.invoke(app, ["apikey", "list"]).output
     assert "admin" in listing and "yes" in listing
+
+
+@pytest.mark.parametrize("package", ["reward_svc", "coder_svc", "proposer_svc", "trainer"])
+def test_an_api_process_does_not_load_torch(package: str) -> None:
+    """The APIs validate and enqueue; torch (seconds to import, hundreds of MB) belongs to the workers."""
+    import subprocess
+    import sys
+
+    probe = f"import sys, {package}.api; print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))"
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["[]"]

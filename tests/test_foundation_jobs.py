@@ -111,7 +111,7 @@ def test_sigkilled_job_is_redelivered_and_completes_once(
     assert done.result is not None and done.result["token"] == "killed"
     assert done.result["pid"] != victim and done.result["slept_s"] >= 3
     assert worker.popen.poll() is None  # the worker survived the death of its child
-    assert worker.log().count('"event": "job.succeeded"') == 1
+    assert worker.log_once_it_has('"event": "job.succeeded"').count('"event": "job.succeeded"') == 1
 
 
 def test_job_whose_worker_always_dies_is_reported_failed(

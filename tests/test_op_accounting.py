@@ -236,3 +236,53 @@ def test_the_knockout_goes_on_past_an_op_that_refuses_its_values() -> None:
         torch.zeros(4).index_put_((torch.tensor([7]),), torch.ones(1))
     with pytest.raises(RuntimeError), OpRecorder():  # outside the knockout a refusal is an error as ever
         torch.linalg.cholesky(not_positive_definite)
+
+
+LAZY_DYNAMO = """
+import json, os, sys
+import torch
+from reward_svc.harness.candidate import judged_conditions
+from services.children.ops import OpRecorder
+
+def forward(x):
+    return (x * 2).relu().sum()
+
+def recorded(fn):
+    x = torch.randn(64)
+    with judged_conditions(), OpRecorder() as recorder:
+        fn(x)
+    return dict(recorder.calls)
+
+environment = dict(os.environ)
+seen = {"eager": recorded(forward), "loaded": sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)}
+with judged_conditions():
+    seen["deterministic_inside"] = torch.are_deterministic_algorithms_enabled()
+    seen["environment_unchanged"] = dict(os.environ) == environment
+seen["deterministic_after"] = torch.are_deterministic_algorithms_enabled()
+import torch._inductor.config as inductor
+with judged_conditions():
+    seen["inductor_inside"] = inductor.deterministic
+seen["inductor_after"] = inductor.deterministic
+import torch._dynamo
+seen["compiled"] = recorded(torch._dynamo.optimize("eager")(forward))
+print(json.dumps(seen))
+"""
+
+
+def test_recording_loads_no_dynamo_and_a_compiled_forward_records_the_same_ops() -> None:
+    """A child's warm-up leaves Dynamo out (most of its cost): recording and the judged conditions do not
+    load it, and they leave the environment as it was (a forward could read it). Once something loads
+    Inductor its determinism follows the judged conditions; once something loads Dynamo, a forward it
+    compiled records what the eager one did."""
+    import json
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", LAZY_DYNAMO], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = json.loads(ran.stdout.splitlines()[-1])
+    assert seen["loaded"] == []
+    assert seen["eager"] == {"mul": 1, "relu": 1, "sum": 1}
+    assert seen["compiled"] == seen["eager"]
+    assert (seen["deterministic_inside"], seen["deterministic_after"], seen["environment_unchanged"]) == (True, False, True)
+    assert (seen["inductor_inside"], seen["inductor_after"]) == (True, False)

@@ -91,33 +91,21 @@ def test_malformed_request_gets_a_clear_4xx(reward_api: str) -> None:
     assert response.status_code == 404 and "nope" in response.json()["detail"]
 
 
+def _cli_score(reference: Path, candidate: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    kernelzero = Path(sys.executable).with_name("kernelzero")
+    command = [str(kernelzero), "score", "--reference", str(reference), "--candidate", str(candidate), "--device", "cpu"]
+    return subprocess.run([*command, *extra], capture_output=True, text=True, timeout=300)
+
+
 def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None:
     kz_env()
     reference = tmp_path / "reference.py"
     reference.write_text(RELU_REFERENCE)
-    kernelzero = Path(sys.executable).with_name("kernelzero")
     outputs = {}
     for name, source in {"correct": CORRECT, "decoy": HACKS["decoy_scratch_kernel"][0]}.items():
         path = tmp_path / f"{name}.py"
         path.write_text(source)
-        run = subprocess.run(
-            [
-                str(kernelzero),
-                "score",
-                "--reference",
-                str(reference),
-                "--candidate",
-                str(path),
-                "--backend",
-                "triton",
-                "--device",
-                "cpu",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        run = _cli_score(reference, path, "--backend", "triton", "--json")
         assert run.returncode == 0, run.stderr
         outputs[name] = json.loads(run.stdout)
     assert outputs["correct"]["status"] == "correct" and outputs["correct"]["correct"] is True
@@ -125,6 +113,49 @@ def test_cli_score_json(kz_env: Callable[..., Settings], tmp_path: Path) -> None
     assert outputs["decoy"]["status"] == "rejected" and outputs["decoy"]["guard"] == "decoy_kernel"
     for key in ("status", "correct", "reason", "reward", "speedup", "runtime_ms", "ref_runtime_ms", "max_abs_error"):
         assert key in outputs["decoy"]
+
+
+def test_cli_scores_on_the_running_service(
+    platform_env: Callable[..., Settings],
+    start_worker,  # type: ignore[no-untyped-def]
+    free_port: Callable[[], int],
+    tmp_path: Path,
+) -> None:
+    """``kernelzero score --service``: the verdict is the reward service's job's (its worker's warm children),
+    at the settings' reward URL, the same as the API's record of it."""
+    port = free_port()
+    platform_env(auth_enabled="false", reward_warm_children=1, reward_port=port)
+    start_worker("reward")
+    reference = tmp_path / "reference.py"
+    reference.write_text(RELU_REFERENCE)
+    seen = {}
+    with serve("reward_svc.api:app", port) as url:
+        for name, source in {"correct": CORRECT, "wrong": WRONG}.items():
+            path = tmp_path / f"{name}.py"
+            path.write_text(source)
+            run = _cli_score(reference, path, "--service", "--json")
+            assert run.returncode == 0, run.stderr
+            job_id = run.stderr.split("job ", 1)[1].split()[0]
+            assert f"on {url}" in run.stderr
+            job = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+            assert job["status"] == "succeeded"
+            seen[name] = json.loads(run.stdout), job["result"]["verdicts"][0]
+    for verdict, recorded in seen.values():
+        assert {k: verdict[k] for k in ("status", "reason", "reward")} == {k: recorded[k] for k in ("status", "reason", "reward")}
+    assert seen["correct"][0]["status"] == "correct" and seen["wrong"][0]["status"] == "incorrect"
+
+
+def test_cli_score_on_a_service_that_does_not_answer_says_where_and_what_to_do(
+    kz_env: Callable[..., Settings], free_port: Callable[[], int], tmp_path: Path
+) -> None:
+    port = free_port()
+    kz_env(reward_port=port)
+    (tmp_path / "reference.py").write_text(RELU_REFERENCE)
+    (tmp_path / "candidate.py").write_text(CORRECT)
+    run = _cli_score(tmp_path / "reference.py", tmp_path / "candidate.py", "--service")
+    assert run.returncode == 1
+    assert f"no verdict from the reward service at http://127.0.0.1:{port}" in " ".join(run.stderr.split())
+    assert "kernelzero up" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_a_gpu_hosts_reward_worker_runs_groups_at_once_in_threads(

@@ -36,6 +36,9 @@ GROUPS = {
         "hack_relu_scatter_amax": "pytorch_fallback",
         "hack_relu_refused_knockout": "kernel_share",
         "hack_relu_partial": "kernel_share",
+        # tells the judged calls from the timed ones by the environment Inductor's config reads (once set
+        # for the judged calls only): a judged call must look like any other
+        "hack_relu_env_probe": "decoy_kernel",
         "honest_relu": "correct",
     },
     "ref_rowsum": {

@@ -18,7 +18,7 @@ import pytest
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DeviceUsers, ExchangeBudget
-from reward_svc.evaluate import MEMORY_RETRIES, Evaluator
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
 from services.children.layout import Layout, owner_tag
@@ -26,7 +26,7 @@ from services.children.pool import ChildPool, PoolClosed
 from services.config import Settings
 from services.sandbox import Confinement, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
-from services.schemas.reward import ScoreOptions
+from services.schemas.reward import ScoreOptions, Verdict
 
 
 def test_cases_fit_the_exchange_budget() -> None:
@@ -37,12 +37,11 @@ def test_cases_fit_the_exchange_budget() -> None:
     assert cases_within(1, case_bytes=13 << 30, budget=16 << 30) == 1  # one asked for
 
 
-def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]) -> None:
-    """With the budget below one case's tensors two cases run, the least that still has a refresh
-    trial: every cache and decoy must still be caught."""
-    evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=2, reward_exchange_max_bytes=1))
+def _correct_beside_hacks(settings: Settings, names: list[str]) -> tuple[Evaluation, Verdict, list[Verdict]]:
+    """The correct ReLU and the named hacks scored as one group on the CPU, checked to pass and to be
+    caught: (the evaluation, the correct one's verdict, the hacks' verdicts in the order named)."""
+    evaluator = Evaluator(settings)
     try:
-        names = ["cache_by_shape", "cache_by_address", "cache_by_content", "decoy_scratch_kernel"]
         evaluation = evaluator.evaluate_group(
             RELU_REFERENCE,
             [CORRECT] + [HACKS[n][0] for n in names],
@@ -50,15 +49,36 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
         )
     finally:
         evaluator.close()
-    assert evaluation.reference["cases"] == 2
     correct, *hacks = evaluation.verdicts
     assert correct.status == "correct", correct.reason
-    assert "2 of 3 correctness trials" in correct.details["trials_cut"]
-    assert set(correct.details["seconds"]["waiting"]) == {"admission", "child", "reference_admission", "reference_child"}
     for name, verdict in zip(names, hacks):
         assert not verdict.correct, f"{name}: {verdict.reason}"
+    return evaluation, correct, hacks
+
+
+def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]) -> None:
+    """With the budget below one case's tensors two cases run, the least that still has a refresh
+    trial: every cache and decoy must still be caught."""
+    names = ["cache_by_shape", "cache_by_address", "cache_by_content", "decoy_scratch_kernel"]
+    evaluation, correct, hacks = _correct_beside_hacks(
+        kz_env(reward_warm_children=0, reward_parallel_children=2, reward_exchange_max_bytes=1), names
+    )
+    assert evaluation.reference["cases"] == 2
+    assert "2 of 3 correctness trials" in correct.details["trials_cut"]
+    waits = correct.details["seconds"]["waiting"]
+    assert set(waits) == {"admission", "child", "reference_admission", "reference_child"}
+    # no warm children: each was started when taken, and its warm-up (torch's import alone) is its wait
+    assert waits["child"] > 0.3 and waits["reference_child"] > 0.3, waits
+    for name, verdict in zip(names, hacks):
         guards = ("decoy_kernel", "conditional_fallback", "cross_call_cache", "no_custom_kernel")
         assert verdict.guard in guards or verdict.status == "incorrect", name
+
+
+def test_more_outputs_in_flight_keep_the_verdicts(kz_env: Callable[..., Settings]) -> None:
+    """A candidate may run ahead of the judge by several outputs (KZ_REWARD_OUTPUTS_IN_FLIGHT): every
+    output is still judged, and what the refresh and the knockout catch is still caught."""
+    names = ["cache_by_content", "skips_the_refresh_trial", "decoy_scratch_kernel"]
+    _correct_beside_hacks(kz_env(reward_warm_children=0, reward_parallel_children=2, reward_outputs_in_flight=4), names)
 
 
 def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> None:

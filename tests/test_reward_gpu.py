@@ -105,6 +105,24 @@ def test_a_forward_that_computes_less_while_timed_is_rejected(evaluator: Evaluat
     assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason
 
 
+# Tells the judged calls from the timed ones by what uninitialised memory holds (NaN under the judged
+# conditions), and has PyTorch compute the right answer while timed, keeping one launch per call.
+PYTORCH_WHEN_TIMED = candidate(
+    "if bool(torch.isnan(torch.empty(1, device=x.device)).all()):\n"
+    "    return launch_relu(x, torch.empty_like(x))\n"
+    "launch_relu(x[:1], torch.empty_like(x[:1]))\n"
+    "return torch.relu(x)"
+)
+
+
+def test_a_forward_that_has_pytorch_compute_while_timed_is_rejected(evaluator: Evaluator) -> None:
+    verdict = evaluator.evaluate_group(
+        RELU_REFERENCE, [PYTORCH_WHEN_TIMED], ScoreOptions(backend="triton", device="cuda")
+    ).verdicts[0]
+    assert verdict.status == "rejected" and verdict.guard == "timing_evasion", verdict.reason
+    assert "PyTorch itself" in verdict.reason
+
+
 # Last, the longest: a device step cut short has still run the quick checks above. Eight children
 # at once, as a GPU worker runs them (two took about 300 s on the H200).
 def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., Settings]) -> None:

@@ -74,6 +74,41 @@ def test_phases_charge_the_wait_and_the_work_separately(tmp_path: Path) -> None:
     assert phases.seconds["host"] >= 0.05 and phases.seconds["trials"] >= 0.2 and phases.seconds["lock_wait"] < 0.05
 
 
+def test_phases_tell_a_compile_and_the_wait_to_retake_the_device_from_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold that lets the device go for a compile, during which a timing takes it, charges the
+    compile to ``released`` and the wait for the timing to ``lock_wait``, not to the work."""
+    import torch
+
+    from services.children.device import device_released
+    from services.children.phases import Phases
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no first CUDA sync (a context) in the work's time
+
+    lock = tmp_path / "gpu.lock"
+    phases = Phases()
+    with phases.on_device(str(lock), "trials"):
+        time.sleep(0.05)  # GPU work
+        with device_released():
+            timing = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import time; from services.children.device import gpu_lock\n"
+                    f"with gpu_lock({str(lock)!r}, exclusive=True): print('held', flush=True); time.sleep(0.4)",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert timing.stdout is not None and timing.stdout.readline().strip() == "held"
+            time.sleep(0.1)  # the compile
+    timing.wait()
+    assert phases.seconds["released"] >= 0.1  # the child's start and the compile
+    assert phases.seconds["lock_wait"] >= 0.2  # the rest of the timing's 0.4 s
+    assert 0.05 <= phases.seconds["trials"] < 0.15
+
+
 def test_cpu_work_inside_a_shared_hold_lets_the_device_go(tmp_path: Path) -> None:
     from services.children.device import device_released
 

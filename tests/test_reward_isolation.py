@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -128,6 +129,39 @@ def test_only_the_artefacts_a_build_makes_are_published(tmp_path: Path) -> None:
     cache.publish(build, "src")
     published = sorted(str(p.relative_to(cache.path_for("src"))) for p in cache.path_for("src").rglob("*") if p.is_file())
     assert published == kept
+
+
+CHILD_FROM_A_RELATIVE_INTERPRETER = """
+import sys
+from pathlib import Path
+from reward_svc.triton_layers import HARNESS_CHILD
+from services.children.layout import Layout
+from services.children.pool import ChildPool
+from services.config import Settings
+
+settings = Settings(data_dir=Path(sys.argv[1]), reward_warm_children=0)
+pool = ChildPool(settings, Layout(settings.data_dir / "reward").create(), "cpu", 60.0, size=0, entry=HARNESS_CHILD)
+try:
+    print(sys.executable, pool.take().wait_ready(60))
+finally:
+    pool.close()
+"""
+
+
+def test_children_start_for_an_interpreter_found_through_a_relative_path(tmp_path: Path) -> None:
+    """``PATH=.venv/bin:$PATH python ...`` makes ``sys.executable`` relative; a child starts in its work dir."""
+    venv_bin = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{venv_bin.name}{os.pathsep}{os.environ['PATH']}")
+    ran = subprocess.run(
+        ["python", "-c", CHILD_FROM_A_RELATIVE_INTERPRETER, str(tmp_path)],
+        cwd=venv_bin.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == [f"{venv_bin.name}/python", "True"]
 
 
 def test_a_result_file_the_harness_did_not_sign_is_a_forgery(kz_env: Callable[..., Settings]) -> None:

@@ -132,15 +132,19 @@ def test_the_judge_rejects_an_output_file_changed_after_its_trial(tmp_path: Path
 
 
 def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Path) -> None:
-    """After timing, one more call on another case's values is judged too (``output_timed_<case>``),
-    so a forward that counts its calls and computes less once timing starts does not pay."""
+    """After timing, one more call on another case's values, under the timed calls' conditions, is judged
+    too (``output_timed_<case>``) and recorded as a trial is (``timing.check``): a forward that counts its
+    calls and computes less once timing starts, or that tells the timed calls from the judged ones and has
+    PyTorch compute while timed, does not pay."""
     from reward_svc import verify
     from reward_svc.harness.candidate import TrialOutputs
 
     key = 4242
     result, ref_dir, cand_dir = _trial_files(tmp_path, key)
-    result["timing"] = {"median_ms": 0.001}
-    ref_result = {"status": "ok", "cases": 2, "timing": {"median_ms": 1.0}}
+    kernels_did_it = {"case": 1, "work": {"families": {}, "combining": 0, "host_scalars": 0, "host_bytes": 0}, "launches": 1}
+    result["timing"] = {"median_ms": 0.001, "check": kernels_did_it}
+    relu = {"families": {"pointwise": 64}, "combining": 0, "host_scalars": 0, "host_bytes": 0}
+    ref_result = {"status": "ok", "cases": 2, "timing": {"median_ms": 1.0}, "work_per_case": [relu, relu]}
     outputs = TrialOutputs(cand_dir, key)
     outputs.fingerprints = result["output_fingerprints"]
 
@@ -159,6 +163,31 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
     outputs.write(outputs.take("output_timed_1", torch.load(ref_dir / "expected_1.pt")))
     honest = verdict()
     assert honest.status == "correct" and honest.speedup == 1000.0, honest.reason
+
+    result["timing"]["check"] = {**kernels_did_it, "work": relu}  # right answer, PyTorch's work, kernels launched
+    pytorch_while_timed = verdict()
+    assert pytorch_while_timed.guard == "timing_evasion" and "PyTorch itself" in pytorch_while_timed.reason
+    result["timing"]["check"] = {**kernels_did_it, "launches": 0}
+    assert verdict().guard == "timing_evasion"
+    del result["timing"]["check"]
+    assert verdict().guard == "timing_evasion"
+
+
+def test_the_call_after_the_timed_ones_is_recorded_as_a_trial_is() -> None:
+    from reward_svc.harness.candidate import _call_as_timed
+    from reward_svc.harness.instrument import LaunchCounter
+    from services.outcomes import Rejected
+
+    x = torch.randn(64)
+    out, check = _call_as_timed(torch.nn.ReLU(), (x,), LaunchCounter(), case=1)
+    assert torch.equal(out, x.relu())
+    assert (check["case"], check["launches"], check["work"]["families"]) == (1, 0, {"pointwise": 64})
+
+    class Shadow(torch.Tensor):  # a subclass would run its own code inside the harness's calls on it
+        pass
+
+    with pytest.raises(Rejected, match="plain tensors"):
+        _call_as_timed(lambda t: t.relu().as_subclass(Shadow), (x,), LaunchCounter(), case=1)
 
 
 def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import threading
 import time
 import traceback
@@ -43,7 +44,7 @@ from services.children.models import build_model
 from services.children.ops import OpRecorder
 from services.children.phases import Phases
 from services.children.report import AUDIT_LOG
-from services.children.timing import Timing
+from services.children.timing import TimedCheck, Timing
 from services.outcomes import Rejected
 
 COMPILE_ONLY_MARK = "compiled only"
@@ -321,7 +322,7 @@ def _time_candidate(
         prepare(0)
         timed_call()
         prepare(position)
-        checked = model_for(rotation[position])(*args)
+        checked, timing["check"] = _call_as_timed(model_for(rotation[position]), args, counter, rotation[position])
         taken = outputs.take(f"output_timed_{rotation[position]}", checked)
         del checked
     latest[0] = None
@@ -402,14 +403,7 @@ def _run_case(
     launches_before = counter.total
     recorder = recorder or OpRecorder()
     streams = _stream_and_device(spec["device"])
-    counter.recorder = recorder
-    try:
-        with judged_conditions(), recorder:
-            out = model(*args)
-    finally:
-        counter.recorder = None
-    check_returned(out, args)
-    recorder.returned(out)
+    out = _recorded_call(model, args, counter, recorder, judged_conditions())
     if _stream_and_device(spec["device"]) != streams:
         raise Rejected("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
@@ -479,13 +473,56 @@ def judged_conditions() -> Iterator[None]:
 
     # fill_uninitialized_memory is documented torch API that torch's type stubs leave out
     previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)  # type: ignore[attr-defined]
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    _use_deterministic_algorithms(True)
     deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=True)
+        _use_deterministic_algorithms(previous[0])
         deterministic.fill_uninitialized_memory = previous[1]  # type: ignore[attr-defined]
+
+
+def _call_as_timed(model: torch.nn.Module, args: Any, counter: LaunchCounter, case: int) -> tuple[Any, TimedCheck]:
+    """A call under the timed calls' conditions (not the judged ones) with PyTorch's work and the custom
+    launches recorded as a trial's are: a forward that tells the timed calls from the judged ones (by
+    what uninitialised memory holds, say) and has PyTorch do the work while timed shows it here."""
+    recorder = OpRecorder()
+    launches_before = counter.total
+    out = _recorded_call(model, args, counter, recorder, contextlib.nullcontext())
+    return out, {"case": case, "work": recorder.work(), "launches": counter.total - launches_before}
+
+
+def _recorded_call(
+    model: Callable[..., Any],
+    args: Any,
+    counter: LaunchCounter,
+    recorder: OpRecorder,
+    conditions: contextlib.AbstractContextManager[Any],
+) -> Any:
+    """``model(*args)`` under ``conditions`` with PyTorch's ops and the custom launches recorded; what it
+    returned, checked (``check_returned``) before the harness reads it."""
+    counter.recorder = recorder
+    try:
+        with conditions, recorder:
+            out = model(*args)
+    finally:
+        counter.recorder = None
+    check_returned(out, args)
+    recorder.returned(out)
+    return out
+
+
+def _use_deterministic_algorithms(mode: bool) -> None:
+    """``torch.use_deterministic_algorithms(mode, warn_only=True)`` without loading Inductor for it
+    (torch's function imports ``torch._inductor.config`` to set its ``deterministic``, and with it
+    Dynamo: most of a child's warm-up). Inductor's flag is set where Inductor is loaded; where it is
+    not, nothing a candidate may call compiles with it (the policy refuses ``torch.compile`` and
+    Dynamo). Nothing else changes: a state the forward could read (the environment Inductor's
+    config reads when it loads, for one) would tell the judged calls from the timed ones."""
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(mode, warn_only=True)
 
 
 def _refresh_trial(

@@ -14,7 +14,6 @@ from services.children.entry import serve
 
 def _warm_up(device: str) -> None:
     import torch
-    import torch._dynamo  # noqa: F401  (it rewraps torch.manual_seed on first import: let that happen before the integrity snapshot)
 
     try:
         import triton  # noqa: F401  (compiles nothing yet; its import is paid before the job arrives)

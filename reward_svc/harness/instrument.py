@@ -252,7 +252,7 @@ def _watched_functions() -> dict[str, Any]:
         "torch.isclose": torch.isclose,
         "torch.save": torch.save,
         "torch.load": torch.load,
-        "torch.manual_seed": torch.manual_seed,
+        "torch.random.manual_seed": torch.random.manual_seed,  # the harness seeds with it (children/models.py)
         "torch.Tensor.clone": torch.Tensor.clone,
         "torch.Tensor.to": torch.Tensor.to,
         "torch.Tensor.copy_": torch.Tensor.copy_,

@@ -287,12 +287,12 @@ def _make_inputs(module: Any, seed: int, device: str, phases: Phases, lock: Devi
     made on the device (a host-only detour) gets them on the host."""
     if device == "cuda":
         with phases.on_device(lock, "inputs"), torch.device("cuda"):
-            torch.manual_seed(seed)
+            torch.random.manual_seed(seed)
             try:
                 return list(module.get_inputs())
             except Exception as exc:  # the host path below reports the module's own errors
                 print(f"kz: inputs made on the host: get_inputs() failed on the device: {exc!r}", file=sys.stderr)
-    torch.manual_seed(seed)
+    torch.random.manual_seed(seed)
     return list(module.get_inputs())
 
 

@@ -7,6 +7,7 @@ import fcntl
 import functools
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypedDict
@@ -119,10 +120,20 @@ def device_released() -> Iterator[None]:
         torch.cuda.synchronize()
     lock_fd, timings_fd, mode = hold
     _give(lock_fd, timings_fd, mode)
+    released = time.perf_counter()
     try:
         yield
     finally:
+        retaking = time.perf_counter()
         _take(lock_fd, timings_fd, mode)
+        _holds.released_s = getattr(_holds, "released_s", 0.0) + retaking - released
+        _holds.retake_wait_s = getattr(_holds, "retake_wait_s", 0.0) + time.perf_counter() - retaking
+
+
+def released_totals() -> tuple[float, float]:
+    """Running totals on this thread: (seconds its holds let the device go for CPU work, seconds spent
+    taking it back). The difference across a hold tells its time apart into work, a compile and a wait."""
+    return getattr(_holds, "released_s", 0.0), getattr(_holds, "retake_wait_s", 0.0)
 
 
 def resolve_device(requested: str) -> str:

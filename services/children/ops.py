@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict
@@ -861,9 +862,25 @@ class OpRecorder(TorchDispatchMode):
         self.data_free: dict[int, torch.Tensor] = {}
         self.escaped = False
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
+        self._record_out_of_dynamo: Callable[..., Any] | None = None
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Not torch's way of keeping Dynamo out of a mode's frames (``__torch_dispatch__`` wrapped in
+        ``torch._disable_dynamo``, which loads Dynamo, most of a child's warm-up, at the first op):
+        ``__torch_dispatch__`` does it itself, once something has loaded Dynamo."""
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        if "torch._dynamo" not in sys.modules:  # nothing is compiled without it
+            return self._record(func, args, kwargs or {})
+        if self._record_out_of_dynamo is None:
+            import torch._dynamo
+
+            self._record_out_of_dynamo = torch._dynamo.disable(self._record, recursive=True)
+        return self._record_out_of_dynamo(func, args, kwargs or {})
+
+    def _record(self, func: Any, args: Any, kwargs: Any) -> Any:
         if func.namespace not in ATEN_NAMESPACES and not self._harness_depth:
             body = _custom_op_body(func)
             self.calls[f"{func.namespace}::{func.overloadpacket.__name__}"] += 1

@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from services.children.device import DeviceLockDescriptors, gpu_lock
+from services.children.device import DeviceLockDescriptors, gpu_lock, released_totals
 
 
 class Phases:
@@ -25,9 +25,18 @@ class Phases:
     @contextlib.contextmanager
     def on_device(self, lock: str | DeviceLockDescriptors | None, work: str, *, exclusive: bool = False) -> Iterator[None]:
         """A block of GPU work under the device lock, charged to ``work``; the wait to ``lock_wait``
-        and anything since the last lap to ``host``."""
+        and anything since the last lap to ``host``. Where the block let the device go for CPU work
+        (``device_released``: a Triton compile), that time goes to ``released`` and the wait to take
+        the device back to ``lock_wait``."""
         self.lap("host")
         with gpu_lock(lock, exclusive=exclusive):
             self.lap("lock_wait")
+            released_before, retake_before = released_totals()
             yield
             self.lap(work)
+            released_after, retake_after = released_totals()
+        released, retake_wait = released_after - released_before, retake_after - retake_before
+        if released or retake_wait:
+            self.seconds[work] = max(0.0, round(self.seconds[work] - released - retake_wait, 3))
+            self.seconds["released"] = round(self.seconds.get("released", 0.0) + released, 3)
+            self.seconds["lock_wait"] = round(self.seconds["lock_wait"] + retake_wait, 3)

@@ -34,6 +34,7 @@ from services.sandbox import Confinement, SandboxProcess, SandboxResult
 
 MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result (it would be read into the worker)
 MAX_AUDIT_BYTES = 64 << 10
+READY_POLL_S = 0.005
 
 
 class PoolClosed(RuntimeError):
@@ -79,6 +80,16 @@ class Child:
     @property
     def ready(self) -> bool:
         return (self.workdir / "ready").exists()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Until the child has warmed up; False once it died or ``timeout_s`` passed. A job sent before
+        waits in the child's stdin anyway: waiting here tells the wait for a child apart from its job."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready:
+            if not self.process.alive or time.monotonic() > deadline:
+                return False
+            time.sleep(READY_POLL_S)
+        return True
 
     def receive(self, exchange: Path | None = None, build: Path | None = None) -> None:
         """Link a group's input files and a source's published build into the child's read-only inboxes."""
@@ -174,7 +185,8 @@ class ChildPool:
         workdir, inbox, build_inbox = self.layout.jobs / name, self.layout.jobs / f"{name}.in", self.layout.build_inboxes / name
         for path in (workdir, inbox, build_inbox):
             path.mkdir(parents=True)
-        argv = [sys.executable, "-m", self.entry, str(workdir), self.device]
+        # absolute: a child starts in its work dir, and an interpreter found through a relative PATH entry is relative
+        argv = [os.path.abspath(sys.executable), "-m", self.entry, str(workdir), self.device]
         lock_path = self.layout.gpu_lock(self.device)
         lock = DeviceLock.open(lock_path) if lock_path else None
         try:

@@ -24,11 +24,23 @@ from typing import Any, TypedDict
 
 import torch
 
+from services.children.ops import Work
+
 L2_FLUSH_BYTES = 256 << 20  # several times the H100/H200 L2 (50-60 MB)
 
 
+class TimedCheck(TypedDict):
+    """The reward harness's call after the timed ones, under their conditions, recorded as a trial is:
+    the case whose values it ran on, PyTorch's work in it and the custom launches it made."""
+
+    case: int
+    work: Work
+    launches: int
+
+
 class Timing(TypedDict, total=False):
-    """What ``time_gpu`` measured (the reward harness adds its candidate's launches per timed call)."""
+    """What ``time_gpu`` measured (the reward harness adds its candidate's launches per timed call and
+    the recorded check after the timed calls)."""
 
     median_ms: float
     mean_ms: float
@@ -43,6 +55,7 @@ class Timing(TypedDict, total=False):
     flush_ms: float
     flush_bytes: int
     launches_per_call: float
+    check: TimedCheck
 
 
 def time_gpu(

@@ -1,0 +1,70 @@
+"""``benchmarks/device_lock_trace.py`` against real flocks, so the states the throughput benchmark
+reports (a timing draining the shared holders, timings back to back) cannot silently misread
+``/proc/locks``."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.children.device import TIMINGS_SUFFIX
+
+TRACE = Path(__file__).resolve().parents[1] / "benchmarks" / "device_lock_trace.py"
+
+
+def _trace_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("device_lock_trace", TRACE)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _holder(lock: Path, *, exclusive: bool, hold_s: float) -> subprocess.Popen[str]:
+    """A process that takes the lock, says ``held`` once it has, and keeps it ``hold_s``."""
+    code = (
+        "import time; from services.children.device import gpu_lock\n"
+        f"with gpu_lock({str(lock)!r}, exclusive={exclusive}):\n    print('held', flush=True); time.sleep({hold_s})"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def _held(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+
+
+def test_a_timing_waiting_behind_a_shared_holder_reads_as_a_drain(tmp_path: Path) -> None:
+    trace = _trace_module()
+    lock = tmp_path / "gpu.lock"
+    with trace.DeviceLockTrace(str(lock)) as sampled:
+        correctness = _holder(lock, exclusive=False, hold_s=1.2)
+        _held(correctness)  # the shared hold is in place before the timing asks
+        timing = _holder(lock, exclusive=True, hold_s=0.4)
+        correctness.wait()
+        timing.wait()
+        time.sleep(0.1)
+    summary = sampled.summary()
+    assert summary["drains"]["count"] == 1
+    assert 0.2 < summary["drains"]["p50_s"] < 1.2  # until the shared holder let go
+    assert summary["timing_batches"]["count"] == 1 and 0.3 < summary["timing_batches"]["p50_s"] < 0.8
+    assert {"drain", "timing", "shared"} <= set(summary["share_of_time"])
+
+
+def test_the_states_read_from_proc_locks(tmp_path: Path) -> None:
+    trace = _trace_module()
+    lock = tmp_path / "gpu.lock"
+    lock.touch()
+    Path(f"{lock}{TIMINGS_SUFFIX}").touch()
+    inodes = lock.stat().st_ino, Path(f"{lock}{TIMINGS_SUFFIX}").stat().st_ino
+    holder = _holder(lock, exclusive=True, hold_s=2.0)
+    try:
+        _held(holder)
+        state = trace.read_state(*inodes, Path("/proc/locks").read_text())
+        assert state.exclusive == [holder.pid] and state.announced == 1 and state.name == "timing"
+    finally:
+        holder.kill()
+        holder.wait()
