@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from reward_svc.harness.instrument import LaunchCounter
 from reward_svc.verify import pytorch_covers_reference
 from services.children.ops import OpRecorder, Work
+from tests.template_cases import problem
 
 
 def work_of(forward, *inputs: torch.Tensor) -> Work:  # type: ignore[no-untyped-def]
@@ -286,3 +287,59 @@ def test_recording_loads_no_dynamo_and_a_compiled_forward_records_the_same_ops()
     assert seen["compiled"] == seen["eager"]
     assert (seen["deterministic_inside"], seen["deterministic_after"], seen["environment_unchanged"]) == (True, False, True)
     assert (seen["inductor_inside"], seen["inductor_after"]) == (True, False)
+
+
+FIRST_CALL = """
+import json, sys
+from pathlib import Path
+from reward_svc.harness.child import _warm_up
+
+_warm_up("cpu")
+import torch
+from reward_svc.harness.candidate import judged_conditions
+from services.children.loading import import_file
+from services.children.ops import OpRecorder
+
+problem = {}
+exec(Path(sys.argv[2]).read_text(), problem)
+candidate = import_file(Path(sys.argv[1]), "kz_candidate")
+loaded = set(sys.modules)
+model = candidate.ModelNew(*problem["get_init_inputs"]())
+with torch.no_grad(), judged_conditions(), OpRecorder():
+    model(*problem["get_inputs"]())
+print(json.dumps(sorted(set(sys.modules) - loaded)))
+"""
+
+BIASED_CONV = problem(
+    "        self.conv = nn.Conv2d(3, 8, 3)\n        self.bias = nn.Parameter(torch.randn(8, 1, 1))",
+    "        return torch.sigmoid(self.conv(x) + self.bias) * 2.0",
+    "[torch.randn(2, 3, 10, 10)]",
+)
+
+
+def test_a_candidates_first_call_loads_nothing_the_warm_up_did_not(tmp_path: Path) -> None:
+    """A child's first trial runs in the device hold, where a timing waiting for the device waits for
+    it: what torch loads at a forward's first ops (sympy, at the first ``broadcast_shapes``: seconds on a
+    busy GPU host) must be loaded by the warm-up. Only Triton's compiler may load later: at a kernel's
+    first compile, which lets the hold go."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from coder_svc.template import TemplateGenerator
+
+    draft = TemplateGenerator().draft(BIASED_CONV, "triton")
+    assert draft.source and "broadcast_shapes" in draft.source, draft.declined
+    (tmp_path / "candidate.py").write_text(draft.source)
+    (tmp_path / "reference.py").write_text(BIASED_CONV)
+    ran = subprocess.run(
+        [sys.executable, "-c", FIRST_CALL, str(tmp_path / "candidate.py"), str(tmp_path / "reference.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    loaded = [name for name in json.loads(ran.stdout.splitlines()[-1]) if not name.startswith("triton.")]
+    assert loaded == []

@@ -19,6 +19,7 @@ def _warm_up(device: str) -> None:
         import triton  # noqa: F401  (compiles nothing yet; its import is paid before the job arrives)
     except ImportError:
         pass
+    _rehearse_a_recorded_call()
     if device == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
@@ -26,6 +27,25 @@ def _warm_up(device: str) -> None:
         _warm_vendor_libraries()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def _rehearse_a_recorded_call() -> None:
+    """A tiny forward on the host, run as trials run (the harness's modules, the op recorder, the judged
+    conditions): what a job's first ops load then is loaded here instead. Inside a trial it would be
+    paid in the device hold, where a timing waiting for the device waits for it: torch loads its
+    Python reference implementations and symbolic shapes, with sympy, at the first ``broadcast_shapes``
+    (the template candidates' first line), seconds on a busy host."""
+    import torch
+
+    from reward_svc.harness import reference  # noqa: F401  (a reference job's harness)
+    from reward_svc.harness.candidate import judged_conditions
+    from services.children.ops import OpRecorder
+
+    x = torch.ones(2, 3, 4, 4)
+    with torch.no_grad(), judged_conditions(), OpRecorder():
+        torch.broadcast_shapes(x.shape, (3, 1, 1))
+        y = torch.nn.functional.conv2d(x, torch.ones(2, 3, 1, 1)) @ torch.ones(4, 4)
+        torch.nn.functional.group_norm(y, 1).softmax(-1).logsumexp(-1)
 
 
 def _warm_triton_driver() -> None:
