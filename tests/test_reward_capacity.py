@@ -385,3 +385,28 @@ def test_closing_the_evaluator_stops_the_job_it_runs_and_starts_no_more(
     with pytest.raises(PoolClosed):
         evaluator.pool("cpu", 600.0)
     assert leftovers(evaluator.settings.data_dir, set()) == []
+
+
+def test_a_new_pools_children_start_before_the_policy_check_imports_torch(
+    kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy check imports torch and Triton to resolve names (seconds on a GPU host): a fresh
+    `kernelzero score` has its children warming up meanwhile, not only once it is done."""
+    import reward_svc.evaluate as evaluate
+
+    evaluator = Evaluator(kz_env(reward_warm_children=2))
+    started_at_check: list[int] = []
+    check = evaluate.check_source
+
+    def seen_by_the_check(source: str) -> list:  # type: ignore[type-arg]
+        started_at_check.append(sum(len(pool._warm) for pool in evaluator._pools.values()))
+        return check(source)
+
+    monkeypatch.setattr(evaluate, "check_source", seen_by_the_check)
+    try:
+        refused = candidate("return launch_relu(x, torch.empty_like(x))", extra="import subprocess")
+        [verdict] = evaluator.evaluate_group(RELU_REFERENCE, [refused], ScoreOptions(device="cpu")).verdicts
+    finally:
+        evaluator.close()
+    assert verdict.status == "rejected"
+    assert started_at_check == [2]
