@@ -3,8 +3,8 @@
 A child serves one job, so a GPU reward worker can finish at most as many evaluations (candidates
 and references) per minute as its pool warms children: ``size / warm-up seconds``. Two figures:
 
-- ``phases``: one warm-up's steps timed in a plain process (import torch, Triton, CUDA init, Triton's
-  driver, the vendor libraries), ``N`` such processes at once (``--together``);
+- ``phases``: one warm-up's steps timed in a plain process (import torch, Triton, the rehearsed call,
+  CUDA init, Triton's driver, the vendor libraries), ``N`` such processes at once (``--together``);
 - ``supply``: the pool itself (sandboxed children, the worker's settings), ``--sizes`` warm children,
   drained as fast as it refills for ``--seconds``: children per minute, and how long a taken child
   still had to warm.
@@ -32,10 +32,11 @@ marks = [("start", time.perf_counter())]
 def mark(name): marks.append((name, time.perf_counter()))
 import torch; mark("import torch")
 import triton; mark("import triton")
+from reward_svc.harness.child import _rehearse_a_recorded_call, _warm_triton_driver, _warm_vendor_libraries
+_rehearse_a_recorded_call(); mark("rehearsal")
 device = sys.argv[1]
 if device == "cuda":
     torch.cuda.init(); torch.empty(1, device="cuda"); mark("cuda init")
-    from reward_svc.harness.child import _warm_triton_driver, _warm_vendor_libraries
     _warm_triton_driver(); mark("triton driver")
     _warm_vendor_libraries(); mark("vendor libraries")
 print(json.dumps({b[0]: round(b[1] - a[1], 3) for a, b in zip(marks, marks[1:])}))
