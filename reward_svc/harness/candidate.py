@@ -147,11 +147,14 @@ def _failure(exc: BaseException, during: str, observations: Observations | None 
 
 
 class TrialOutputs:
-    """Trial outputs on their way to the judge: each is fingerprinted where it was computed and
-    copied to the host inside the trial's device hold (``take``), then written and let go
-    outside it (``write``). With ``in_flight``, a file is published (renamed into place, whole)
-    only once fewer than that many published ones wait for the judge, which takes them while this
-    child runs; after ``wait_s`` it is published anyway (the judge is late, not gone)."""
+    """Trial outputs on their way to the judge: each is fingerprinted where it was computed, inside
+    the trial's device hold (``take``), then copied to the host, written and let go after it
+    (``write``). The copy (CPU work: a GB output is seconds on a busy host) is out of the hold, where a
+    timing waiting for the device would drain behind it; no code of the candidate's runs between the
+    two, and the judge holds the file to the fingerprint. With ``in_flight``, a file is published
+    (renamed into place, whole) only once fewer than that many published ones wait for the judge,
+    which takes them while this child runs; after ``wait_s`` it is published anyway (the judge is
+    late, not gone)."""
 
     POLL_S = 0.005
 
@@ -162,12 +165,12 @@ class TrialOutputs:
 
     def take(self, name: str, output: Any) -> tuple[str, Any]:
         self.fingerprints[name] = tensors.fingerprint(output, self.key)
-        return name, tensors.to_cpu(output)
+        return name, output
 
     def write(self, taken: tuple[str, Any]) -> None:
-        name, host = taken
+        name, output = taken
         part = self.workdir / f"{name}.pt.part"
-        tensors.save(part, host)
+        tensors.save(part, output)  # a device tensor's copy to the host is made here
         self._wait_for_the_judge()
         os.replace(part, self.workdir / f"{name}.pt")
 
