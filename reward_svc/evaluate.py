@@ -95,9 +95,11 @@ class Evaluator:
 
     def _evaluate_group(self, reference: str, candidates: list[str], options: ScoreOptions) -> Evaluation:
         device = resolve_device(options.device)
-        # The pool first: a new one's children warm up while the policy check imports torch and Triton
-        # to resolve names (seconds; a fresh `kernelzero score` waited for both in turn).
-        self.pool(device, options.timeout_s)
+        # A process's first pool before the policy check: its children warm up while the check imports
+        # torch and Triton to resolve names (seconds; a fresh `kernelzero score` waited for both in turn).
+        # Only the first: a request the policy refuses whole must not be a cheap way to start pools.
+        if not self._pools:
+            self.pool(device, options.timeout_s)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
             verdicts[i] = _policy_verdict(source)

@@ -410,3 +410,19 @@ def test_a_new_pools_children_start_before_the_policy_check_imports_torch(
         evaluator.close()
     assert verdict.status == "rejected"
     assert started_at_check == [2]
+
+
+def test_a_group_the_policy_refuses_whole_starts_no_further_pool(kz_env: Callable[..., Settings]) -> None:
+    """Pools are per (device, timeout): only a process's first starts before the policy check, so refused
+    groups with ever new timeouts start no children."""
+    evaluator = Evaluator(kz_env(reward_warm_children=1))
+    refused = candidate("return launch_relu(x, torch.empty_like(x))", extra="import subprocess")
+    try:
+        for timeout_s in (30.0, 31.0, 32.0):
+            [verdict] = evaluator.evaluate_group(
+                RELU_REFERENCE, [refused], ScoreOptions(device="cpu", timeout_s=timeout_s)
+            ).verdicts
+            assert verdict.status == "rejected"
+        assert list(evaluator._pools) == [("cpu", 30.0)]
+    finally:
+        evaluator.close()
