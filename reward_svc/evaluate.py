@@ -148,7 +148,6 @@ class Evaluator:
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
             admitted = time.perf_counter()
             ref_child = self.pool(device, options.timeout_s).take()
-            ref_child.wait_ready(options.timeout_s)
             ref_waits = {
                 "reference_admission": round(admitted - started, 3),
                 "reference_child": round(time.perf_counter() - admitted, 3),
@@ -210,7 +209,6 @@ class Evaluator:
             with self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)):
                 admitted = time.perf_counter()
                 child = self.pool(device, options.timeout_s).take()
-                child.wait_ready(options.timeout_s)
                 waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
                 with self.device_users.use() as seen:
                     verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)

@@ -207,7 +207,8 @@ class ChildPool:
                 self._warm.append(self.spawn())
 
     def take(self) -> Child:
-        """A live child, one that finished warming up if any has."""
+        """A live child, one that finished warming up if any has, else the one that will soonest, once it
+        has (or died, or the pool's timeout passed): the caller's clock for its job starts warm."""
         with self._lock:
             if self._closed:
                 raise PoolClosed("the sandbox pool is closed: its process is stopping")
@@ -221,6 +222,7 @@ class ChildPool:
                 child = self.spawn()
             self._taken.add(child)
         self.refill()
+        child.wait_ready(self.timeout_s)
         return child
 
     def wait_ready(self, timeout_s: float) -> bool:
