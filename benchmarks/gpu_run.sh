@@ -12,7 +12,8 @@
 #   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
-#   reward         benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end)
+#   reward[:STEPS] benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end); STEPS: a
+#                  comma-separated few of its steps (timing_accuracy,repeatability,cuda_compile,...)
 #   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch,
 #                  the sides timed in turns, then one profiled step each (trainer_step_profile.txt: top kernels
 #                  by self CUDA time per side, and the kernels whose time differs most between them)
@@ -76,7 +77,8 @@ for step in "$@"; do
                 --model-backend template --device cuda --concurrency "${EVAL_CONCURRENCY:-2}" ${EVAL_REDO:+--redo "$EVAL_REDO"} \
                 --out "$RESULTS/eval" ;;
         reward)
-            python3 benchmarks/reward_gpu.py --out "$RESULTS" ;;
+            [ "$arg" = reward ] && arg=  # reward:STEP,STEP runs only those of reward_gpu.py's steps
+            python3 benchmarks/reward_gpu.py --out "$RESULTS" ${arg:+--only ${arg//,/ }} ;;
         trainer_step)
             python3 benchmarks/trainer_step.py --size 0.5b --profile --out "$RESULTS/trainer_step" --model-dir "${TMPDIR:-/tmp}/kz-trainer-step-model" ;;
         supply)

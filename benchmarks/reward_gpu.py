@@ -244,6 +244,7 @@ def main() -> None:
         except Exception as exc:  # one failed figure must not cost the others
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         console.print(f"{name}: {time.perf_counter() - start:.1f} s", json.dumps(results[name], default=str)[:800])
+        _write(args.out, results)  # after every step: a run its time limit cuts keeps the figures it has
     evaluator.close()
     table = Table(title=f"reward service on {results['machine']['gpu']}")
     table.add_column("figure"), table.add_column("measured"), table.add_column("target")
@@ -254,8 +255,11 @@ def main() -> None:
     table.add_row("CUDA load_inline cold", f"{c.get('load_inline_cold_s', float('nan')):.1f} s", "≤ 10 s")
     table.add_row("CUDA load_inline cache hit", f"{c.get('load_inline_hit_s', float('nan')):.2f} s", "≤ 0.5 s")
     console.print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "reward_gpu.json").write_text(json.dumps(results, indent=2, default=str))
+
+
+def _write(out: Path, results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reward_gpu.json").write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -129,9 +129,9 @@ Judged = tuple[list[int] | None, Comparison | EarlyVerdict]  # (fingerprint of t
 class FileComparer:
     """Compares an output file with its expected file where the judge runs. Files the child can no
     longer touch are memory-mapped (in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in
-    far faster than ``torch.load`` copies it); on a GPU only the copy
-    to the device and the arithmetic hold ``lock``, and only for outputs above
-    ``HOST_JUDGE_MAX_BYTES`` (smaller ones are compared on the host). The first expected output
+    far faster than ``torch.load`` copies it); on a GPU the outputs above ``HOST_JUDGE_MAX_BYTES``
+    are copied to the device and only the arithmetic holds ``lock`` (smaller ones are compared on the
+    host). The first expected output
     stays mapped (the refresh and knockout trials mostly compare against case 0 again), beside the latest
     one; on the device a comparison holds only its own two outputs (a level-1 output is 6.4 GB),
     and one the device has no room for is compared on the host.
@@ -216,10 +216,11 @@ class FileComparer:
     def _compare_on(self, device: str, name: str, out: Any, expected: Any, allowance: Allowance | None) -> Judged:
         seen = None
         try:
+            # The copies before the hold: a transfer is not kernels' work, and a waiting timing would drain behind it.
+            out, expected = tensors.to_device(out, device), tensors.to_device(expected, device)
             with contextlib.nullcontext() if device == "cpu" else self.lock():
-                out = tensors.to_device(out, device)
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
-                return seen, compare(out, tensors.to_device(expected, device), self.tolerance, allowance)
+                return seen, compare(out, expected, self.tolerance, allowance)
         except torch.OutOfMemoryError:
             return seen, EarlyVerdict(
                 Verdict(
@@ -753,13 +754,16 @@ def _compare_tensor(
     for out_part, ref_part in tensors.slices(out, ref):
         out_part, ref_part = out_part.to(compute), ref_part.to(compute)
         ref_finite = torch.isfinite(ref_part)
-        if not torch.equal(torch.isfinite(out_part), ref_finite) or not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
-            pattern_differs = True
         finite_here = bool(ref_finite.all())
+        if finite_here:  # the common case, in one pass: the pattern is the same where the output is all finite too
+            out_finite = bool(torch.isfinite(out_part).all())
+            pattern_differs |= not out_finite
+        elif not torch.equal(torch.isfinite(out_part), ref_finite) or not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
+            pattern_differs = True
         all_finite &= finite_here
         diff = (out_part - ref_part).abs() if finite_here else (out_part - ref_part)[ref_finite].abs()
         if diff.numel():
-            error = max(error, float(diff.nan_to_num(math.inf).max()))
+            error = max(error, float((diff if finite_here and out_finite else diff.nan_to_num(math.inf)).max()))
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         bad += int(outside.sum())
         if not ref.is_complex():
@@ -791,9 +795,12 @@ def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[float | None
         return None, None
     low, high = math.inf, -math.inf
     for (part,) in tensors.slices(ref):
-        finite = part.to(compute)[torch.isfinite(part)]
+        part = part.to(compute)
+        is_finite = torch.isfinite(part)
+        finite = part if bool(is_finite.all()) else part[is_finite]
         if finite.numel():
-            low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+            part_low, part_high = torch.aminmax(finite)
+            low, high = min(low, float(part_low)), max(high, float(part_high))
     return (low, high) if low <= high else (None, None)
 
 

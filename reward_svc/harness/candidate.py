@@ -212,12 +212,17 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
     lock = spec.get("gpu_lock")
 
-    def trial(name: str, run: Callable[[], Any]) -> None:
-        """One candidate call under the device hold (a timing waiting for the device waits for one
-        call, not all); its output is written before the next call runs. Whatever forward
-        returned is its output, None too: only the harness skips a trial (``SKIPPED``)."""
+    def trial(name: str, run: Callable[[Any], Any], case: int) -> None:
+        """One candidate call on ``case``'s inputs under the device hold (a timing waiting for the device
+        waits for one call, not all); its output is written before the next call runs. Whatever forward
+        returned is its output, None too: only the harness skips a trial (``SKIPPED``). The inputs are
+        copied to the device before the hold, as outputs are copied after it: a copy engine's transfer
+        is not the kernels' work a timing must not share the GPU with, and a GB of inputs is seconds of
+        host work a waiting timing would drain behind."""
+        args = _case_inputs(spec, exchange, case)
+        phases.lap("inputs")
         with phases.on_device(lock, "trials"):
-            out = run()
+            out = run(args)
             taken = None if out is SKIPPED else outputs.take(name, out)
             del out
         _check_integrity(snapshot, observations)
@@ -231,14 +236,16 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     try:
         with torch.no_grad():
             for case in range(min(spec["trials"], len(spec["weight_seeds"]))):
-                trial("warm-up", functools.partial(_warm_up, module, models, spec, exchange, case))
+                trial("warm-up", functools.partial(_warm_up, module, models, spec, exchange, case), case)
+            knockout_case = spec["knockout_case"]
             for case in range(spec["trials"]):
-                if case == spec["knockout_case"]:
-                    trial("output_knockout", functools.partial(knockout, "knockout"))
+                if case == knockout_case:
+                    trial("output_knockout", functools.partial(knockout, "knockout"), case)
                 else:
-                    trial(f"output_{case}", functools.partial(run_case, case, case_args=case_args))
-            trial("output_refresh", lambda: _refresh_trial(run_case, spec, exchange, case_args, counter, paths, observations))
-            trial("output_recall", functools.partial(knockout, "recall"))
+                    trial(f"output_{case}", functools.partial(run_case, case, case_args=case_args), case)
+            refresh = functools.partial(_refresh_trial, run_case, spec, case_args, counter, paths, observations)
+            trial("output_refresh", refresh, knockout_case)
+            trial("output_recall", functools.partial(knockout, "recall"), knockout_case)
             for name, seen in observations.get("knockouts", {}).items():
                 if "raised" not in seen and "refused" not in seen:
                     seen["path"] = _compare_paths(paths, name)
@@ -302,8 +309,9 @@ def _time_candidate(
     rotation = timing_rotation(exchange, spec["trials"])
     model = model_for(rotation[0])
     position = check_position(rotation, len(spec["weight_seeds"]))
-    with phases.on_device(lock, "timing_setup"):  # the copies to the device: shared, as the reference's
-        sets = [_case_inputs(spec, exchange, case) for case in rotation]
+    sets = [_case_inputs(spec, exchange, case) for case in rotation]  # copies to the device: before the hold
+    phases.lap("inputs")
+    with phases.on_device(lock, "timing_setup"):
         args = tensors.clone(sets[0])
     targets = tensors.tensors_in(args)
 
@@ -355,7 +363,9 @@ def _model_for(
     return models[weight_seed]
 
 
-def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int) -> Any:
+def _warm_up(
+    module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int, args: Any
+) -> Any:
     """One unjudged call of the model a case uses, before any trial: what a forward does once (a weight
     packed, a Triton kernel autotuned, a buffer kept) is done before the knockout, which may then be
     any trial, and never poisons what later calls reuse. Its inputs are the case's shapes and ranges,
@@ -363,7 +373,6 @@ def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpe
     here, where nothing is recorded, tells nothing about a trial's (a scaled or rolled copy of the
     case's values let PyTorch compute the trials' answers here)."""
     generator = torch.Generator(device=spec["device"]).manual_seed(spec["fingerprint_key"] ^ case)
-    args = _case_inputs(spec, exchange, case)
     for t in tensors.tensors_in(args):
         if t.numel() < 2:
             continue
@@ -392,16 +401,14 @@ def _run_case(
     observations: Observations,
     baseline_threads: int,
     case: int,
+    args: Any,
     *,
     case_args: dict[int, Any] | None = None,
-    args: Any = None,
     recorder: OpRecorder | None = None,
 ) -> Any:
-    """One clean run of a case: a trial on its own inputs (which join ``case_args``), or the refresh
-    on ``args``. Its launches and PyTorch's work are the case's."""
+    """One clean run of a case on ``args``: a trial on its own inputs (which join ``case_args``), or
+    the refresh. Its launches and PyTorch's work are the case's."""
     model = _model_for(module, models, spec, exchange, case)
-    if args is None:
-        args = _case_inputs(spec, exchange, case)
     pristine = tensors.clone(args)
     launches_before = counter.total
     recorder = recorder or OpRecorder()
@@ -531,11 +538,11 @@ def _use_deterministic_algorithms(mode: bool) -> None:
 def _refresh_trial(
     run_case: Callable[..., Any],
     spec: CandidateSpec,
-    exchange: Path,
     case_args: dict[int, Any],
     counter: LaunchCounter,
     paths: dict[str, list[str]],
     observations: Observations,
+    values: Any,
 ) -> Any:
     """The knockout case's clean run, after the other trials: its values written into the *same* tensors
     the last of them used (where their shapes match): defeats caches keyed on tensor identity,
@@ -543,7 +550,6 @@ def _refresh_trial(
     PyTorch op computed from data they never touched was not theirs, however it was routed
     (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
     case = spec["knockout_case"]
-    values = _case_inputs(spec, exchange, case)
     args = values
     for other in sorted(case_args, reverse=True):
         targets = tensors.tensors_in(case_args[other])
@@ -553,7 +559,7 @@ def _refresh_trial(
             args = case_args[other]
             break
     recorder = OpRecorder(spec["fingerprint_key"])
-    out = run_case(case, args=args, recorder=recorder)
+    out = run_case(case, args, recorder=recorder)
     paths["refresh"] = recorder.path
     if counter.total:
         found = recorder.pytorch_source(out)
@@ -574,6 +580,7 @@ def _knockout_trial(
     observations: Observations,
     paths: dict[str, list[str]],
     name: str,
+    args: Any,
 ) -> Any:
     """Run the knockout case with every custom kernel's writes poisoned and uninitialised memory filled
     with NaN: an output that is still right was not computed by the custom kernels (or was
@@ -588,7 +595,6 @@ def _knockout_trial(
     kernels' output) is a forward hiding from the knockout (``raised``)."""
     case = spec["knockout_case"]
     model = _model_for(module, models, spec, exchange, case)
-    args = _case_inputs(spec, exchange, case)
     seen: KnockoutObservations = observations.setdefault("knockouts", {}).setdefault(name, {})
     failed_launches = counter.failures.total()
     recorder = OpRecorder()

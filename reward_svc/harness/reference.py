@@ -305,9 +305,11 @@ def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: Re
     timings: ReferenceResult = {}
     with torch.no_grad():
         compiled = None
-        # The copy to the device and compiling (seconds) hold the lock shared; only timing holds it exclusive.
+        # The copies to the device before any hold (as the candidate's); compiling (seconds) holds the
+        # lock shared; only timing holds it exclusive.
+        sets = [tensors.load(exchange / f"inputs_{case}.pt", "cuda") for case in timing_rotation(exchange, cases)]
+        phases.lap("inputs")
         with phases.on_device(lock, "timing_setup"):
-            sets = [tensors.load(exchange / f"inputs_{case}.pt", "cuda") for case in timing_rotation(exchange, cases)]
             inputs = tensors.clone(sets[0])
             if spec.get("time_compiled"):
                 compiled = torch.compile(model)
