@@ -758,7 +758,9 @@ def _compare_tensor(
         if finite_here:  # the common case, in one pass: the pattern is the same where the output is all finite too
             out_finite = bool(torch.isfinite(out_part).all())
             pattern_differs |= not out_finite
-        elif not torch.equal(torch.isfinite(out_part), ref_finite) or not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
+        elif not torch.equal(torch.isfinite(out_part), ref_finite):
+            pattern_differs = True
+        elif not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
             pattern_differs = True
         all_finite &= finite_here
         diff = (out_part - ref_part).abs() if finite_here else (out_part - ref_part)[ref_finite].abs()

@@ -363,9 +363,7 @@ def _model_for(
     return models[weight_seed]
 
 
-def _warm_up(
-    module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int, args: Any
-) -> Any:
+def _warm_up(module: Any, models: dict[int, torch.nn.Module], spec: CandidateSpec, exchange: Path, case: int, args: Any) -> Any:
     """One unjudged call of the model a case uses, before any trial: what a forward does once (a weight
     packed, a Triton kernel autotuned, a buffer kept) is done before the knockout, which may then be
     any trial, and never poisons what later calls reuse. Its inputs are the case's shapes and ranges,

@@ -134,7 +134,7 @@ def same_share(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 SLICE_ELEMENTS = 1 << 24  # on a GPU: few launches
-HOST_SLICE_ELEMENTS = 1 << 18  # on the host: a slice's temporaries stay in the CPU's caches (a pass from memory each is several times slower)
+HOST_SLICE_ELEMENTS = 1 << 18  # on the host: a slice's temporaries stay in the CPU's caches (a pass from memory is slower)
 
 
 def slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
