@@ -756,8 +756,7 @@ def _compare_tensor(
         ref_finite = torch.isfinite(ref_part)
         finite_here = bool(ref_finite.all())
         if finite_here:  # the common case, in one pass: the pattern is the same where the output is all finite too
-            out_finite = bool(torch.isfinite(out_part).all())
-            pattern_differs |= not out_finite
+            pattern_differs |= not bool(torch.isfinite(out_part).all())
         elif not torch.equal(torch.isfinite(out_part), ref_finite):
             pattern_differs = True
         elif not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
@@ -765,7 +764,7 @@ def _compare_tensor(
         all_finite &= finite_here
         diff = (out_part - ref_part).abs() if finite_here else (out_part - ref_part)[ref_finite].abs()
         if diff.numel():
-            error = max(error, float((diff if finite_here and out_finite else diff.nan_to_num(math.inf)).max()))
+            error = max(error, float(diff.nan_to_num(math.inf).max()))
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         bad += int(outside.sum())
         if not ref.is_complex():
