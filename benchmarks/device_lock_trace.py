@@ -1,8 +1,9 @@
 """What the device lock was doing while a benchmark ran: ``/proc/locks`` sampled every few
 milliseconds for the lock file and its timings file (``services/children/device.py``), told into
 states (a timing holds the device, a timing waits for the shared holders to drain, correctness work
-shares it, nobody holds it), with every drain's length and, for the long ones, the Python stacks of
-the holders it waited for (``py-spy dump``, where py-spy is installed): what a timing waits behind.
+shares it, nobody holds it), with every drain's length, what its holders were doing at each sample
+(on a CPU, or where in the kernel they slept) and, for the long ones, the Python stacks of the
+holders it waited for (``py-spy dump``, where py-spy is installed): what a timing waits behind.
 
 Used by ``kernelbench_throughput.py run`` on a GPU; on its own, beside any run on the same machine:
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -85,6 +87,7 @@ class DeviceLockTrace:
         self.drains: list[float] = []
         self.timing_batches: list[float] = []
         self.holders_running: Counter[str] = Counter()  # during drains: whether a holder was on a CPU
+        self.holder_states: Counter[str] = Counter()  # during drains: each holder's role and state (``holder_state``)
         self.stacks: list[dict[str, Any]] = []
         self._py_spy = shutil.which("py-spy") or next((p for p in ("/tmp/kz-site/bin/py-spy",) if os.path.exists(p)), None)
         self._stop = threading.Event()
@@ -123,7 +126,9 @@ class DeviceLockTrace:
                 self.timing_batches.append(now - batch_since)
                 batch_since = None
             if state.name == "drain":
-                self.holders_running["running" if any(_running(pid) for pid in state.shared) else "not running"] += 1
+                states = [holder_state(pid) for pid in set(state.shared)]
+                self.holders_running["running" if any(s.endswith(" running") for s in states) else "not running"] += 1
+                self.holder_states.update(states)
                 if drain_since is not None and now - drain_since > self.long_drain_s and dumped != drain_since:
                     dumped = drain_since
                     self._dump(state.shared, now - drain_since)
@@ -138,7 +143,7 @@ class DeviceLockTrace:
             for pid in sorted(set(pids))[:3]:
                 run = subprocess.run([self._py_spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True)
                 self.stacks.append(
-                    {"drain_so_far_s": round(waited_s, 2), "pid": pid, "stack": (run.stdout or run.stderr)[-3000:]}
+                    {"drain_so_far_s": round(waited_s, 2), "pid": pid, "stack": busy_threads(run.stdout or run.stderr)[:3000]}
                 )
 
         self._dumper = threading.Thread(target=dump, daemon=True)
@@ -152,16 +157,46 @@ class DeviceLockTrace:
             "drains": _spread(self.drains),
             "timing_batches": _spread(self.timing_batches),
             "drain_samples_with_a_holder_on_a_cpu": dict(self.holders_running),
+            "holder_states_in_drains": dict(self.holder_states.most_common(20)),
             "long_drain_stacks": self.stacks,
         }
 
 
-def _running(pid: int) -> bool:
+def holder_state(pid: int) -> str:
+    """A lock holder's role (``worker``: this process, whose judge threads hold the lock beside its idle
+    ones; ``child``: a sandboxed job) and state: ``running`` where any of its threads is on a CPU (the
+    holding thread need not be the main one), else where its main thread sleeps in the kernel (its
+    wchan: a futex is a lock or the GIL, a pipe write a full output pipe, an ioctl the GPU driver)."""
+    role = "worker" if pid == os.getpid() else "child"
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "R"
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return False
+        return f"{role} gone"
+    me = str(threading.get_native_id())  # the sampling thread itself is always on a CPU while it reads
+    states = [_task_state(f"/proc/{pid}/task/{tid}") for tid in tasks if tid != me]
+    if "R" in states:
+        return f"{role} running"
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        wchan = ""
+    return f"{role} {_task_state(f'/proc/{pid}')} in {wchan if wchan not in ('', '0') else 'user space'}"
+
+
+def _task_state(proc_dir: str) -> str:
+    try:
+        return Path(proc_dir, "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def busy_threads(dump: str) -> str:
+    """A ``py-spy dump``: its header and the threads it saw active (the main thread where none was):
+    a worker's dozens of idle threads would crowd out the one holding the lock."""
+    header, *threads = re.split(r"\n(?=Thread \d+)", dump)
+    active = [t for t in threads if "(active)" in t.split("\n", 1)[0]]
+    kept = active or [t for t in threads if '"MainThread"' in t.split("\n", 1)[0]]
+    return "\n".join([header, *kept])
 
 
 def _spread(values: list[float]) -> dict[str, float | int]:

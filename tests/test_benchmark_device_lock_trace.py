@@ -5,6 +5,7 @@ reports (a timing draining the shared holders, timings back to back) cannot sile
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -68,3 +69,49 @@ def test_the_states_read_from_proc_locks(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def _process(code: str) -> subprocess.Popen[str]:
+    """A process running ``code`` that says ``ready`` first."""
+    return subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\n" + code], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_holder_is_running_when_any_of_its_threads_is_not_only_its_main_one() -> None:
+    trace = _trace_module()
+    spinning = _process(
+        "import threading, time\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\ntime.sleep(30)"
+    )
+    sleeping = _process("import time\ntime.sleep(30)")
+    try:
+        for process in (spinning, sleeping):
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # the spinning thread is up
+        assert trace.holder_state(spinning.pid) == "child running"
+        assert trace.holder_state(sleeping.pid).startswith("child S in ")  # where its main thread sleeps
+        assert trace.holder_state(sleeping.pid) != "child running"
+    finally:
+        for process in (spinning, sleeping):
+            process.kill()
+            process.wait()
+
+
+def test_a_stack_dump_keeps_the_busy_threads_of_a_holder() -> None:
+    trace = _trace_module()
+    dump = (
+        "Process 7: python worker\nPython v3.12.3 (/usr/bin/python3.12)\n\n"
+        'Thread 1 (idle): "MainThread"\n    wait (threading.py:359)\n'
+        'Thread 2 (idle): "sandbox-output"\n    select (selectors.py:468)\n'
+        'Thread 3 (active): "output-stream"\n    compare (reward_svc/verify.py:723)\n'
+    )
+    kept = trace.busy_threads(dump)
+    assert kept.startswith("Process 7: python worker") and "compare (reward_svc/verify.py:723)" in kept
+    assert "sandbox-output" not in kept and "MainThread" not in kept
+    idle_only = dump.replace("(active)", "(idle)")
+    assert '"MainThread"' in trace.busy_threads(idle_only) and "output-stream" not in trace.busy_threads(idle_only)
+
+
+def test_the_tracing_process_is_the_worker_and_its_sampling_thread_does_not_count() -> None:
+    trace = _trace_module()
+    states = [trace.holder_state(os.getpid()) for _ in range(20)]
+    assert all(state.startswith("worker ") for state in states)
+    assert states.count("worker running") < len(states)  # the sampler, the one thread running here, does not count
