@@ -89,12 +89,16 @@ _KNOBS = [  # the tile first: the block cap's values must not be read as a tile
 
 
 def tuning_variants(source: str, group: int) -> list[str]:
-    """Up to ``group`` distinct sources: the template's kernel under other launch configurations."""
+    """Up to ``group`` distinct sources: the template's kernel under other launch configurations. Variant
+    i's digits in base 4 pick the values of the knobs the source has, one digit a knob (the first knob
+    changes fastest), so two knobs give 16 distinct variants and a group of 8 is 8 candidates."""
+    knobs = [(pattern, values) for pattern, values in _KNOBS if pattern.search(source)]
     variants = []
     for i in range(group):
-        variant = source
-        for pattern, values in _KNOBS:
-            variant = pattern.sub(values[i % len(values)], variant)
+        variant, digits = source, i
+        for pattern, values in knobs:
+            variant = pattern.sub(values[digits % len(values)], variant)
+            digits //= len(values)
         if variant not in variants:
             variants.append(variant)
     return variants

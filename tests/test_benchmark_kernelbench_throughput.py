@@ -1,0 +1,61 @@
+"""``benchmarks/kernelbench_throughput.py``'s groups: G distinct candidates a problem, made from what the
+template teacher writes today, so a group of 8 is not silently a group of 4."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "kernelbench_throughput.py"
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features, multiplier, negative_slope):
+        super().__init__()
+        self.gemm = nn.Linear(in_features, out_features)
+        self.multiplier = multiplier
+        self.leaky_relu = nn.LeakyReLU(negative_slope)
+
+    def forward(self, x):
+        return self.leaky_relu(self.gemm(x) * self.multiplier)
+
+
+def get_inputs():
+    return [torch.rand(16, 32)]
+
+
+def get_init_inputs():
+    return [32, 64, 2.0, 0.1]
+"""
+
+
+def _benchmark():  # type: ignore[no-untyped-def]
+    if str(BENCHMARK.parent) not in sys.path:  # the script imports its neighbours, as when it runs from there
+        sys.path.insert(0, str(BENCHMARK.parent))
+    spec = importlib.util.spec_from_file_location("kernelbench_throughput", BENCHMARK)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_group_of_8_is_8_distinct_launch_configurations_of_the_templates_kernel() -> None:
+    from coder_svc.template import TemplateGenerator
+    from services.llm.chat import Sampling
+
+    source = TemplateGenerator().generate(PROBLEM, "triton", Sampling(n=1))[0].source
+    assert source
+    benchmark = _benchmark()
+    variants = benchmark.tuning_variants(source, 8)
+    assert len(variants) == 8 and len(set(variants)) == 8
+    assert variants[0] == source  # variant 0 is the template's own
+    for variant in variants:
+        ast.parse(variant)
+    assert benchmark.tuning_variants(source, 1) == [source]
