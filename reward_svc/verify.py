@@ -454,7 +454,16 @@ def _judge_outputs(
                 details={"observations": observations},
             )
     ok, why, error, _ = against_reference("output_refresh")  # the knockout case's clean run
-    max_error = max(max_error, error)
+    passing_error, max_error = max_error, max(max_error, error)
+    if not ok and error <= passing_error:
+        # No larger than the errors of the trials that passed: the kernel's rounding crossed the tolerance on
+        # these values (an honest fp32 reduction does, now and then), not an answer remembered from other values.
+        return Verdict(
+            "incorrect",
+            f"trial {files.knockout_case + 1} of {trials} (run after the others): {why}",
+            max_abs_error=_finite(max_error),
+            details={"observations": observations},
+        )
     if not ok:
         return Verdict(
             "rejected",

@@ -335,3 +335,38 @@ def test_the_knockout_case_is_a_secret_pick_among_all_the_cases() -> None:
     picks = Counter(choose_knockout_case(reference) for _ in range(600))
     assert set(picks) == {(0, False), (1, True), (2, False)} and min(picks.values()) > 130, picks
     assert {choose_knockout_case({"status": "ok", "cases": 2}) for _ in range(200)} == {(0, False), (1, False)}
+
+
+def test_a_refresh_wrong_by_no_more_than_the_passing_trials_rounding_is_incorrect_not_a_cache(tmp_path: Path) -> None:
+    """The refresh is the knockout case's only clean run, after the other trials, in their tensors: an answer
+    remembered from their values fails it by the values' own size (``cross_call_cache``), but an honest kernel
+    whose rounding crosses the tolerance there, by no more than it erred on the trials that passed (where
+    larger values gave it room), is incorrect, not accused of a hack."""
+    from reward_svc import verify
+    from reward_svc.harness.candidate import TrialOutputs
+
+    key = 1357
+    result, ref_dir, cand_dir = _trial_files(tmp_path, key)
+    expected = [torch.load(ref_dir / f"expected_{case}.pt") for case in range(2)]
+    outputs = TrialOutputs(cand_dir, key)
+    outputs.fingerprints = result["output_fingerprints"]
+    rounded = expected[1].clone()
+    largest = int(rounded.abs().argmax())
+    rounded[largest] += 1e-4 * float(rounded[largest].abs())  # within rtol on its largest value: passes
+    outputs.write(outputs.take("output_1", rounded))
+
+    def verdict() -> verify.Verdict:
+        compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=key)
+        return verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
+
+    passing_error = 1e-4 * float(expected[1].abs().max())
+    refresh = expected[0].clone()
+    smallest = int(refresh.abs().argmin())
+    refresh[smallest] += 0.9 * passing_error  # beyond atol + rtol on a value near 0, within the passing trial's error
+    outputs.write(outputs.take("output_refresh", refresh))
+    rounding = verdict()
+    assert rounding.status == "incorrect" and rounding.guard is None and "trial 1 of 2" in rounding.reason, rounding.reason
+
+    outputs.write(outputs.take("output_refresh", expected[1].clone()))  # the other trial's answer, remembered
+    remembered = verdict()
+    assert remembered.status == "rejected" and remembered.guard == "cross_call_cache", remembered.reason
