@@ -173,8 +173,7 @@ def holder_state(pid: int) -> str:
     except OSError:
         return f"{role} gone"
     me = str(threading.get_native_id())  # the sampling thread itself is always on a CPU while it reads
-    states = [_task_state(f"/proc/{pid}/task/{tid}") for tid in tasks if tid != me]
-    if "R" in states:
+    if any(_task_state(f"/proc/{pid}/task/{tid}") == "R" for tid in tasks if tid != me):  # stops at the first
         return f"{role} running"
     try:
         wchan = Path(f"/proc/{pid}/wchan").read_text().strip()

@@ -50,8 +50,10 @@ def test_a_timing_waiting_behind_a_shared_holder_reads_as_a_drain(tmp_path: Path
         time.sleep(0.1)
     summary = sampled.summary()
     assert summary["drains"]["count"] == 1
-    assert 0.2 < summary["drains"]["p50_s"] < 1.2  # until the shared holder let go
-    assert summary["timing_batches"]["count"] == 1 and 0.3 < summary["timing_batches"]["p50_s"] < 0.8
+    # until the shared holder let go (its 1.2-s hold, give or take the sampling: on a loaded machine a sample reads
+    # every holder's threads, so one may come late)
+    assert 0.2 < summary["drains"]["p50_s"] < 1.6
+    assert summary["timing_batches"]["count"] == 1 and 0.3 < summary["timing_batches"]["p50_s"] < 1.0
     assert {"drain", "timing", "shared"} <= set(summary["share_of_time"])
 
 
