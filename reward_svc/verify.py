@@ -766,10 +766,11 @@ def _compare_tensor(
         finite_here = bool(ref_finite.all())
         if finite_here:  # the common case, in one pass: the pattern is the same where the output is all finite too
             pattern_differs |= not bool(torch.isfinite(out_part).all())
-        elif not torch.equal(torch.isfinite(out_part), ref_finite):
-            pattern_differs = True
-        elif not torch.equal(torch.isnan(out_part), torch.isnan(ref_part)):
-            pattern_differs = True
+        else:
+            same_pattern = torch.equal(torch.isfinite(out_part), ref_finite) and torch.equal(
+                torch.isnan(out_part), torch.isnan(ref_part)
+            )
+            pattern_differs |= not same_pattern
         all_finite &= finite_here
         diff = (out_part - ref_part).abs() if finite_here else (out_part - ref_part)[ref_finite].abs()
         if diff.numel():
