@@ -90,6 +90,47 @@ def test_a_fingerprint_taken_on_the_device_is_the_one_the_host_takes_of_its_copy
         assert tensors.fingerprint(value, key) == tensors.fingerprint(value.cpu(), key), value.dtype
 
 
+def test_the_judge_reaches_the_same_verdict_on_the_device_as_on_the_host() -> None:
+    """The device's comparison accumulates its figures on the GPU and syncs once; the host's is the
+    same arithmetic: wrong values, NaN/Inf patterns, a near-constant output, a long multi-slice one."""
+    from reward_svc.verify import Tolerance, compare
+
+    generator = torch.Generator().manual_seed(7)
+    ref = torch.randn(3, 17_000_001, generator=generator)  # several device slices, and a tail
+    wrong = ref.clone()
+    wrong[1, ::1000] += 1.0
+    ref_nan = ref.clone()
+    ref_nan[0, 5] = float("nan")
+    ref_nan[2, -1] = float("inf")
+    cases = [
+        (ref + 1e-6, ref),
+        (wrong, ref),
+        (ref_nan.clone(), ref_nan),
+        (ref, ref_nan),
+        (torch.zeros(4096), torch.full((4096,), 1e-6)),
+        (torch.randn(4096, generator=generator).half(), torch.randn(4096, generator=generator).half()),
+    ]
+    tolerance = Tolerance()
+    for out, expected in cases:
+        host = compare(out, expected, tolerance)
+        device = compare(out.cuda(), expected.cuda(), tolerance)
+        assert device.ok == host.ok and device.why == host.why, (device, host)
+        assert device.error == pytest.approx(host.error) and device.mismatched == host.mismatched
+
+
+def test_a_long_kernel_is_timed_in_seconds_of_gpu_time_not_in_calls() -> None:
+    """A 20-ms kernel holds the whole GPU while it is timed: ten samples in small batches, not forty
+    in batches of twenty; a short one still gets the forty."""
+    from services.children.timing import time_gpu
+
+    cycles_per_ms = torch.cuda.get_device_properties(0).clock_rate  # kHz: cycles per ms
+    long_kernel = time_gpu(lambda: torch.cuda._sleep(20 * cycles_per_ms))
+    assert 10 <= long_kernel["samples"] < 40 and long_kernel["calls"] < 40
+    assert long_kernel["median_ms"] == pytest.approx(20, rel=0.5)
+    short = time_gpu(lambda: torch.cuda._sleep(cycles_per_ms // 20))
+    assert short["samples"] >= 40
+
+
 # Counts its calls: right in the seven judged or warm-up calls (two warm-ups, three trials, the refresh,
 # the recall), an empty answer once timing runs case 0 over and over.
 FAST_WHEN_TIMED = candidate(

@@ -6,7 +6,11 @@ timed on the GPU's clock rather than on Python's launch overhead (the triton ``d
 method). Every batch ends with a device-wide synchronize and is also timed as a whole, so work a
 candidate leaves on a side stream is still paid for: if the batch took longer than its samples
 account for, the per-call figure is taken from the batch instead. Batches repeat until the
-relative standard error of the samples is below the target, or the budget runs out.
+relative standard error of the samples is below the target, or the budget runs out. How many
+calls that takes follows the kernel's time, as do_bench's time-based budgets do: a kernel of tens
+of ms is stable to well under a percent in ten samples, and every call of its timing holds the
+whole GPU (the device lock is exclusive), so its floor of samples and its batches are sized in
+seconds of GPU time, not in calls; a kernel under ``MIN_TIMED_S / min_samples`` gets them all.
 
 ``prepare(call)``, where given, runs before every call's flush, outside the timed events (its cost
 is measured with the flush's and left out of the batch's excess): the harness writes the next
@@ -27,6 +31,10 @@ import torch
 from services.children.ops import Work
 
 L2_FLUSH_BYTES = 256 << 20  # several times the H100/H200 L2 (50-60 MB)
+MIN_TIMED_S = 0.5  # the least GPU time of timed calls before the relative standard error may end a run
+BATCH_S = 0.25  # a batch's GPU time at most, where its calls are long (the stop rule is checked per batch)
+WARMUP_S = 0.1  # warm-up calls past the first two stop here (cuDNN's choice and Triton's compile are in the first)
+FLOOR_SAMPLES = 10  # the fewest samples, however long the kernel
 
 
 class TimedCheck(TypedDict):
@@ -77,13 +85,23 @@ def time_gpu(
             prepare(calls)
         flush.zero_()
 
-    for _ in range(warmup):
+    warmup_started = time.perf_counter()
+    call_s = 0.0
+    for i in range(warmup):
         setup()
+        torch.cuda.synchronize()
+        call_started = time.perf_counter()
         fn()
+        torch.cuda.synchronize()
+        call_s = time.perf_counter() - call_started  # the latest warm call's time, flush excluded
         calls += 1
-    torch.cuda.synchronize()
+        if i >= 1 and time.perf_counter() - warmup_started > WARMUP_S:
+            break
     flush_ms = _flush_cost_ms(flush)
     setup_ms = _setup_cost_ms(setup) if prepare is not None else flush_ms
+    if call_s > 0:
+        min_samples = max(min(min_samples, FLOOR_SAMPLES), min(min_samples, math.ceil(MIN_TIMED_S / call_s)))
+        batch = max(1, min(batch, math.ceil(BATCH_S / call_s)))
 
     samples: list[float] = []
     batch_excess_ms: list[float] = []
