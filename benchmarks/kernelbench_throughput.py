@@ -338,6 +338,13 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
             "candidate_child": _median(_waiting(r, "child") for r in rows),
             "reference_child": _median(_waiting(r, "reference_child") for r in groups.values()),
         },
+        # runs that ran out of device memory (or, for a reference, found no room in the scratch dir) and the waits after them
+        "retried": {
+            "candidates": sum(bool(_waiting(r, "retries")) for r in rows),
+            "candidate_s": round(sum(_waiting(r, "retries") or 0.0 for r in rows), 1),
+            "references": sum(bool(_waiting(r, "reference_retries")) for r in groups.values()),
+            "reference_s": round(sum(_waiting(r, "reference_retries") or 0.0 for r in groups.values()), 1),
+        },
         "median_phases_s": {
             side: _median_phases((r.get("phases") or {}).get(side) for r in sides)
             for side, sides in (("candidate", rows), ("reference", list(groups.values())))
@@ -464,6 +471,7 @@ def main() -> None:
     console.print(table)
     if "ours" in report:
         console.print(f"ours, median waits (s): {report['ours']['median_waits_s']}")
+        console.print(f"ours, retried runs: {report['ours']['retried']}")
         console.print(f"ours, median phases (s): {report['ours']['median_phases_s']}")
         lock = {k: v for k, v in report["ours"].get("device_lock", {}).items() if k != "long_drain_stacks"}
         console.print(f"ours, device lock: {lock}")

@@ -143,6 +143,7 @@ class Evaluator:
         or after it ran out of device memory that other children held; (child, outcome, result,
         seconds, waits) of its last run."""
         memory_retries = 0
+        first_started = time.perf_counter()
         while True:
             started = time.perf_counter()
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
@@ -151,6 +152,7 @@ class Evaluator:
             ref_waits = {
                 "reference_admission": round(admitted - started, 3),
                 "reference_child": round(time.perf_counter() - admitted, 3),
+                "reference_retries": round(started - first_started, 3),  # runs that found no room, and their waits
             }
             (ref_child.workdir / "reference.py").write_text(reference)
             ref_spec: ReferenceSpec = {
@@ -204,12 +206,17 @@ class Evaluator:
         outputs = cases + 2 + (options.measure_speed and device == "cuda")
         # judged as they come (OutputStream): those waiting for the judge, and the one being written
         at_once = min(outputs, self.settings.reward_outputs_in_flight + 1)
+        first_started = time.perf_counter()
         for attempt in range(MEMORY_RETRIES + 1):
             started = time.perf_counter()
             with self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)):
                 admitted = time.perf_counter()
                 child = self.pool(device, options.timeout_s).take()
-                waits = {"admission": round(admitted - started, 3), "child": round(time.perf_counter() - admitted, 3)}
+                waits = {
+                    "admission": round(admitted - started, 3),
+                    "child": round(time.perf_counter() - admitted, 3),
+                    "retries": round(started - first_started, 3),  # runs that ran out of device memory, and their waits
+                }
                 with self.device_users.use() as seen:
                     verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
             if (

@@ -760,28 +760,29 @@ def _compare_tensor(
         atol = max(atol, tolerance.for_dtype(ref.dtype)[0] * _typical_magnitude(ref, compute))
     # The figures accumulate where the tensors are and come to the host once, at the end: on a GPU
     # shared by time slices each host sync waits its turn, and the judge holds the device lock meanwhile.
+    # The pass assumes the reference finite, as it nearly always is; where it is not, a second pass
+    # takes the error over its finite places and compares the NaN/Inf patterns place by place.
     zero = torch.zeros((), dtype=torch.float64, device=ref.device)
-    max_error, outside_count, non_finite_slices, pattern_slices, informative_outside, informative_count = (zero,) * 6
+    max_error, outside_count, ref_non_finite, out_non_finite, informative_outside, informative_count = (zero,) * 6
     for out_part, ref_part in tensors.slices(out, ref):
         out_part, ref_part = out_part.to(compute), ref_part.to(compute)
         ref_finite = torch.isfinite(ref_part)
-        # NaN where NaN, ±Inf where ±Inf; where the reference is all finite this is "the output is too"
-        pattern_slices = pattern_slices + (
-            (torch.isfinite(out_part) != ref_finite).any() | (torch.isnan(out_part) != torch.isnan(ref_part)).any()
-        )
-        non_finite_slices = non_finite_slices + (~ref_finite).any()
-        diff = torch.where(ref_finite, (out_part - ref_part).abs(), 0)
-        max_error = torch.maximum(max_error, diff.nan_to_num(math.inf).max().to(torch.float64))
+        ref_non_finite = ref_non_finite + (~ref_finite).any()
+        out_non_finite = out_non_finite + (~torch.isfinite(out_part)).any()
+        max_error = torch.maximum(max_error, (out_part - ref_part).abs().nan_to_num(math.inf).max().to(torch.float64))
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         outside_count = outside_count + outside.sum()
         if not ref.is_complex():
             mask = _informative(ref_part, ref_finite, low, high, informative_atol, rtol)
             informative_count = informative_count + mask.sum()
             informative_outside = informative_outside + (outside & mask).sum()
-    figures = torch.stack([max_error, outside_count, non_finite_slices, pattern_slices, informative_outside, informative_count])
+    figures = torch.stack([max_error, outside_count, ref_non_finite, out_non_finite, informative_outside, informative_count])
     error, *counts = figures.tolist()
-    bad, non_finite, pattern_differs, informative_bad, informative = (int(v) for v in counts)
+    bad, non_finite, out_not_finite, informative_bad, informative = (int(v) for v in counts)
     all_finite = not non_finite
+    pattern_differs = bool(out_not_finite)
+    if not all_finite:
+        error, pattern_differs = _error_and_pattern_where_not_finite(out, ref, compute)
     if pattern_differs:
         return False, "NaN/Inf where the reference has none (or the reverse)", math.inf, informative_bad, informative
     if bad:
@@ -799,6 +800,23 @@ def _compare_tensor(
     out_c = out if finite is None else out[finite]
     ok, why = _reproduces_structure(out_c.to(compute), ref_c.to(compute), ref.dtype, noise)
     return ok, why, error, 0, 0  # values closer than the tolerance itself tell nothing one by one: no share
+
+
+def _error_and_pattern_where_not_finite(out: torch.Tensor, ref: torch.Tensor, compute: torch.dtype) -> tuple[float, bool]:
+    """(the max abs error over the reference's finite places, whether the output's NaN and Inf places
+    differ from the reference's), for a reference that is not all finite."""
+    zero = torch.zeros((), dtype=torch.float64, device=ref.device)
+    max_error, pattern_slices = zero, zero
+    for out_part, ref_part in tensors.slices(out, ref):
+        out_part, ref_part = out_part.to(compute), ref_part.to(compute)
+        ref_finite = torch.isfinite(ref_part)
+        pattern_slices = pattern_slices + (
+            (torch.isfinite(out_part) != ref_finite).any() | (torch.isnan(out_part) != torch.isnan(ref_part)).any()
+        )
+        diff = torch.where(ref_finite, (out_part - ref_part).abs(), 0)
+        max_error = torch.maximum(max_error, diff.nan_to_num(math.inf).max().to(torch.float64))
+    error, differs = torch.stack([max_error, pattern_slices]).tolist()
+    return error, bool(differs)
 
 
 def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:

@@ -66,7 +66,8 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     assert evaluation.reference["cases"] == 2
     assert "2 of 3 correctness trials" in correct.details["trials_cut"]
     waits = correct.details["seconds"]["waiting"]
-    assert set(waits) == {"admission", "child", "reference_admission", "reference_child"}
+    assert set(waits) == {"admission", "child", "retries", "reference_admission", "reference_child", "reference_retries"}
+    assert waits["retries"] == 0 and waits["reference_retries"] == 0
     # no warm children: each was started when taken, and its warm-up (torch's import alone) is its wait
     assert waits["child"] > 0.3 and waits["reference_child"] > 0.3, waits
     for name, verdict in zip(names, hacks):

@@ -370,3 +370,39 @@ def test_a_refresh_wrong_by_no_more_than_the_passing_trials_rounding_is_incorrec
     outputs.write(outputs.take("output_refresh", expected[1].clone()))  # the other trial's answer, remembered
     remembered = verdict()
     assert remembered.status == "rejected" and remembered.guard == "cross_call_cache", remembered.reason
+
+
+def _with(values: torch.Tensor, **at: float) -> torch.Tensor:
+    """A copy of ``values`` with the given values at the places named ``i<index>``."""
+    changed = values.clone()
+    for place, value in at.items():
+        changed[int(place[1:])] = value
+    return changed
+
+
+INF, NAN = float("inf"), float("nan")
+LONG = torch.linspace(-3, 3, 3 * tensors.HOST_SLICE_ELEMENTS + 7)  # several slices and a tail
+LAST = LONG.numel() - 1
+
+
+@pytest.mark.parametrize(
+    ("out", "ref", "ok", "why", "error"),
+    [
+        (LONG + 1e-6, LONG, True, "", pytest.approx(1e-6, rel=0.1)),
+        (_with(LONG, **{f"i{LAST}": NAN}), LONG, False, "NaN/Inf where", INF),  # in the last slice's tail
+        (_with(LONG, i5=INF, **{f"i{LAST}": NAN}), _with(LONG, i5=INF, **{f"i{LAST}": NAN}), True, "", 0.0),
+        (_with(LONG + 1e-3, i5=INF), _with(LONG, i5=INF), False, "values outside", pytest.approx(1e-3, rel=0.01)),
+        (_with(LONG, i5=NAN), _with(LONG, i5=INF), False, "NaN/Inf where", INF),  # NaN for Inf: another pattern
+        (_with(LONG, i5=-INF), _with(LONG, i5=INF), False, "1 of", 0.0),  # the same pattern, another value
+        (LONG, _with(LONG, i9=NAN), False, "NaN/Inf where", INF),
+    ],
+)
+def test_the_judge_compares_finite_values_and_the_nan_inf_pattern_apart(
+    out: torch.Tensor, ref: torch.Tensor, ok: bool, why: str, error: object
+) -> None:
+    """The comparison's first pass assumes a finite reference; one that is not gets a second pass over
+    its finite places (the error) and its NaN/Inf places (the pattern, place by place)."""
+    from reward_svc import verify
+
+    comparison = verify.compare(out, ref, verify.Tolerance())
+    assert comparison.ok == ok and why in comparison.why and comparison.error == error, comparison
