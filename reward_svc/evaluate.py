@@ -152,7 +152,7 @@ class Evaluator:
             ref_waits = {
                 "reference_admission": round(admitted - started, 3),
                 "reference_child": round(time.perf_counter() - admitted, 3),
-                "reference_retries": round(started - first_started, 3),  # runs that found no room, and their waits
+                "reference_retries": round(started - first_started, 3),  # runs that found no room or memory, and their waits
             }
             (ref_child.workdir / "reference.py").write_text(reference)
             ref_spec: ReferenceSpec = {
