@@ -754,7 +754,7 @@ def _compare_tensor(
     # Half types are compared in float32, the rest in their own type; a slice at a time, so the
     # comparison needs little memory beside the two outputs (a level-1 output is 6.4 GB).
     compute = torch.promote_types(ref.dtype, torch.float32)
-    low, high = _finite_range(ref, compute)
+    low, high = (None, None) if ref.is_complex() else _finite_range(ref, compute)
     informative_atol = atol  # the knockout's share counts small values too, whatever the allowance
     if sums_cancel and not ref.is_complex():  # they round at their terms' scale (Allowance)
         atol = max(atol, tolerance.for_dtype(ref.dtype)[0] * _typical_magnitude(ref, compute))
@@ -772,7 +772,7 @@ def _compare_tensor(
         max_error = torch.maximum(max_error, (out_part - ref_part).abs().nan_to_num(math.inf).max().to(torch.float64))
         outside = ~torch.isclose(out_part, ref_part, atol=atol, rtol=rtol, equal_nan=True)
         outside_count = outside_count + outside.sum()
-        if not ref.is_complex():
+        if low is not None and high is not None:  # not complex
             mask = _informative(ref_part, ref_finite, low, high, informative_atol, rtol)
             informative_count = informative_count + mask.sum()
             informative_outside = informative_outside + (outside & mask).sum()
@@ -819,11 +819,9 @@ def _error_and_pattern_where_not_finite(out: torch.Tensor, ref: torch.Tensor, co
     return error, bool(differs)
 
 
-def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
-    """The smallest and largest finite value of ``ref``, as tensors where it is (+inf and -inf where it
-    has none; a value within the tolerance of them then cannot be finite anyway); None for complex."""
-    if ref.is_complex():
-        return None, None
+def _finite_range(ref: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest and largest finite value of a real ``ref``, as tensors where it is (+inf and -inf
+    where it has none: a value within the tolerance of them then cannot be finite anyway)."""
     low = torch.full((), math.inf, dtype=compute, device=ref.device)
     high = torch.full((), -math.inf, dtype=compute, device=ref.device)
     for (part,) in tensors.slices(ref):
@@ -849,8 +847,8 @@ def _typical_magnitude(ref: torch.Tensor, compute: torch.dtype) -> float:
 def _informative(
     ref: torch.Tensor,
     finite: torch.Tensor,
-    low: torch.Tensor | None,
-    high: torch.Tensor | None,
+    low: torch.Tensor,
+    high: torch.Tensor,
     atol: float,
     rtol: float,
 ) -> torch.Tensor:
@@ -859,9 +857,7 @@ def _informative(
     from the right value: the output's minimum or maximum (a ReLU, a clamp, a tanh or sigmoid on wide
     inputs), or 0 (a softmax's far tail)."""
     mask = finite & (ref.abs() > atol)
-    if low is not None and high is not None:
-        mask &= ((ref - low).abs() > atol + rtol * abs(low)) & ((ref - high).abs() > atol + rtol * abs(high))
-    return mask
+    return mask & ((ref - low).abs() > atol + rtol * abs(low)) & ((ref - high).abs() > atol + rtol * abs(high))
 
 
 def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:

@@ -100,7 +100,7 @@ def time_gpu(
     flush_ms = _flush_cost_ms(flush)
     setup_ms = _setup_cost_ms(setup) if prepare is not None else flush_ms
     if call_s > 0:
-        min_samples = max(min(min_samples, FLOOR_SAMPLES), min(min_samples, math.ceil(MIN_TIMED_S / call_s)))
+        min_samples = min(min_samples, max(FLOOR_SAMPLES, math.ceil(MIN_TIMED_S / call_s)))
         batch = max(1, min(batch, math.ceil(BATCH_S / call_s)))
 
     samples: list[float] = []
