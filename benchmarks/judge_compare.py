@@ -3,8 +3,12 @@ by the size of the slices it works through (``tensors.HOST_SLICE_ELEMENTS``): th
 ``HOST_JUDGE_MAX_BYTES`` are judged on the host, every trial's, so its speed is how long a candidate's
 outputs wait for the judge. Slice sizes are interleaved run by run (load from other work hits them alike).
 
-Usage: .venv/bin/python benchmarks/judge_compare.py [--runs 5]
-Writes benchmarks/results/judge_compare_cpu.json.
+With ``--concurrent N``, N judge threads compare at once (as a GPU worker's groups do), under each of
+``--threads`` torch intra-op thread counts (0: torch's default, one per core): how many threads a
+worker's judges should use beside each other.
+
+Usage: .venv/bin/python benchmarks/judge_compare.py [--runs 5] [--concurrent 8 --threads 1,2,4,0] [--out FILE]
+Writes benchmarks/results/judge_compare_cpu.json unless --out says otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,16 +44,81 @@ SLICES = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--concurrent", type=int, default=0, help="judge threads at once (0: the slice comparison instead)")
+    parser.add_argument("--threads", default="1,2,4,0", help="torch intra-op threads to try (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=RESULT)
     args = parser.parse_args()
     torch.manual_seed(0)
     tolerance = Tolerance(1e-4, 1e-4)
+    default_threads = torch.get_num_threads()
+    if args.concurrent:
+        rows = concurrent_rows(
+            args.concurrent, [int(t) or default_threads for t in args.threads.split(",")], args.runs, tolerance
+        )
+        title, columns = (
+            f"{args.concurrent} judges at once, 33-MB outputs",
+            ("torch threads", "per comparison, median s", "comparisons/s"),
+        )
+        cells = [(str(r["torch_threads"]), f"{r['median_s']:.3f}", f"{r['per_second']:.1f}") for r in rows]
+    else:
+        rows = slice_rows(args.runs, tolerance)
+        title, columns = "verify.compare on the host", ("output", "slice", "median s")
+        cells = [(r["output"], r["slice"], f"{r['median_s']:.3f}") for r in rows]
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": default_threads, "python": platform.python_version()},
+        "concurrent": args.concurrent,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for cell in cells:
+        table.add_row(*cell)
+    Console().print(table)
+    args.out.write_text(json.dumps(report, indent=2))
+
+
+def concurrent_rows(judges: int, thread_counts: list[int], runs: int, tolerance: Tolerance) -> list[dict[str, object]]:
+    """Each thread count in turn, ``runs`` rounds of ``judges`` comparisons started together."""
+    pairs = []
+    for _ in range(judges):
+        expected = torch.randn(SHAPES["33 MB (1024 x 8192, a GEMM's)"])
+        pairs.append((expected + 1e-6 * torch.randn_like(expected), expected))
+
+    def judge(pair: tuple[torch.Tensor, torch.Tensor]) -> float:
+        started = time.perf_counter()
+        assert compare(*pair, tolerance).ok
+        return time.perf_counter() - started
+
+    rows: list[dict[str, object]] = []
+    with ThreadPoolExecutor(judges) as pool:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            seconds: list[float] = []
+            started = time.perf_counter()
+            for _ in range(runs):
+                seconds += pool.map(judge, pairs)
+            wall = time.perf_counter() - started
+            rows.append(
+                {
+                    "torch_threads": threads,
+                    "median_s": round(statistics.median(seconds), 3),
+                    "per_second": round(len(seconds) / wall, 2),
+                }
+            )
+    return rows
+
+
+def slice_rows(runs: int, tolerance: Tolerance) -> list[dict[str, object]]:
     host_slice = tensors.HOST_SLICE_ELEMENTS
-    rows = []
+    rows: list[dict[str, object]] = []
     for shape_name, shape in SHAPES.items():
         expected = torch.randn(shape)
         output = expected + 1e-6 * torch.randn_like(expected)
         seconds: dict[str, list[float]] = {name: [] for name in SLICES}
-        for _ in range(args.runs):
+        for _ in range(runs):
             for name, elements in SLICES.items():
                 tensors.HOST_SLICE_ELEMENTS = elements
                 started = time.perf_counter()
@@ -57,22 +127,10 @@ def main() -> None:
                 assert comparison.ok, comparison.why
         tensors.HOST_SLICE_ELEMENTS = host_slice
         rows += [
-            {"output": shape_name, "slice": name, "median_s": round(statistics.median(runs), 3), "runs_s": runs}
-            for name, runs in seconds.items()
+            {"output": shape_name, "slice": name, "median_s": round(statistics.median(times), 3), "runs_s": times}
+            for name, times in seconds.items()
         ]
-    report = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }
-    table = Table(title="verify.compare on the host")
-    for column in ("output", "slice", "median s"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(row["output"], row["slice"], f"{row['median_s']:.3f}")
-    Console().print(table)
-    RESULT.write_text(json.dumps(report, indent=2))
+    return rows
 
 
 if __name__ == "__main__":

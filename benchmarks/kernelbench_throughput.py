@@ -285,6 +285,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
                 "reason": v.reason[:200],
                 "seconds": v.details.get("seconds"),
                 "phases": v.details.get("phases"),
+                "device_memory": v.details.get("device_memory"),
             }
             for i, v in enumerate(verdicts)
         ]
@@ -325,13 +326,19 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
 def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
     walls = [r["wall_s"] for r in rows]
     groups = {r["problem"].split("#")[0]: r for r in rows if "group_wall_s" in r}  # one row per group
+    first_group_s = min((r["finished_s"] for r in groups.values() if "finished_s" in r), default=None)
+    later = [r for r in rows if first_group_s is not None and r.get("finished_s", 0) > first_group_s]
     return {
         "candidates": len(rows),
         "total_s": round(total_s, 2),
         "candidates_per_min": round(60 * len(rows) / total_s, 2) if total_s else None,
         "p50_s": round(statistics.median(walls), 3) if walls else None,
         "group_p50_s": _median(r["group_wall_s"] for r in groups.values()),
-        "first_group_s": min((r["finished_s"] for r in groups.values() if "finished_s" in r), default=None),
+        "first_group_s": first_group_s,
+        # the rate once the burst's first group is out: candidates of the groups done since, per minute to the end
+        "candidates_per_min_after_first_group": round(60 * len(later) / (total_s - first_group_s), 2)
+        if first_group_s is not None and later and total_s > first_group_s
+        else None,
         "median_waits_s": {
             "candidate_lock": _median(_phase(r, "candidate", "lock_wait") for r in rows),
             "reference_lock": _median(_phase(r, "reference", "lock_wait") for r in groups.values()),
@@ -345,12 +352,30 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
             "references": sum(bool(_waiting(r, "reference_retries")) for r in groups.values()),
             "reference_s": round(sum(_waiting(r, "reference_retries") or 0.0 for r in groups.values()), 1),
         },
+        "device_memory": _device_memory(rows),
         "median_phases_s": {
             side: _median_phases((r.get("phases") or {}).get(side) for r in sides)
             for side, sides in (("candidate", rows), ("reference", list(groups.values())))
         },
         "correct": sum(bool(r.get("correct")) for r in rows),
         "rows": rows,
+    }
+
+
+def _device_memory(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What candidates reserved of device memory against the peak their children reported, and the
+    waits for it; ``over_reservation``: the candidates whose peak passed what they reserved without the
+    context's share (the estimate's misses)."""
+    from reward_svc.admission import DEVICE_CONTEXT_BYTES
+
+    sized = [r["device_memory"] for r in rows if (r.get("device_memory") or {}).get("peak")]
+    waits = [w for w in (_waiting(r, "device_memory") for r in rows) if w is not None]
+    return {
+        "wait_s": {"median": _median(waits), "total": round(sum(waits), 1)},
+        "reserved_gb_median": _median(m["reserved"] / 1e9 for m in sized),
+        "peak_gb_median": _median(m["peak"] / 1e9 for m in sized),
+        "peak_over_reserved_max": round(max((m["peak"] / (m["reserved"] - DEVICE_CONTEXT_BYTES) for m in sized), default=0), 3),
+        "over_reservation": sum(m["peak"] > m["reserved"] - DEVICE_CONTEXT_BYTES for m in sized),
     }
 
 
@@ -455,7 +480,7 @@ def main() -> None:
     if "ours" in report:
         plot_progress(report["ours"], args.out / f"throughput_g{args.group}.png", f"ours: {title}")
     table = Table(title=title)
-    for column in ("evaluator", "candidates/min", "p50 s", "group p50 s", "first group s", "correct"):
+    for column in ("evaluator", "candidates/min", "after first group /min", "p50 s", "group p50 s", "first group s", "correct"):
         table.add_column(column)
     for side in ("ours", "kernelbench"):
         if side in report:
@@ -463,6 +488,7 @@ def main() -> None:
             table.add_row(
                 side,
                 str(s["candidates_per_min"]),
+                str(s.get("candidates_per_min_after_first_group", "")),
                 str(s["p50_s"]),
                 str(s.get("group_p50_s", "")),
                 str(s.get("first_group_s", "")),
@@ -472,6 +498,7 @@ def main() -> None:
     if "ours" in report:
         console.print(f"ours, median waits (s): {report['ours']['median_waits_s']}")
         console.print(f"ours, retried runs: {report['ours']['retried']}")
+        console.print(f"ours, device memory: {report['ours']['device_memory']}")
         console.print(f"ours, median phases (s): {report['ours']['median_phases_s']}")
         lock = {k: v for k, v in report["ours"].get("device_lock", {}).items() if k != "long_drain_stacks"}
         console.print(f"ours, device lock: {lock}")

@@ -1,4 +1,4 @@
-"""Admission by the bytes of trial files in the scratch dir.
+"""Admission by bytes: of trial files in the scratch dir, and of device memory.
 
 Every trial's tensors cross between children as files. A KernelBench level-1 case is 13 GB of
 input and output, so a group of such candidates, or several groups on a GPU worker, would fill
@@ -13,11 +13,14 @@ the scratch dir (a tmpfs: memory) together. Two kinds of files, admitted differe
 Candidates wait only for other candidates, never for references, so a group that has run its
 reference always finishes and lets the next one in.
 
-Device memory is not budgeted (a child's peak is unknown before it runs); instead a child that
-runs out of it while other children of this worker ran too runs again once one of them is done
-(``DeviceUsers``): the memory was theirs, not a fault of the code under test. Host memory beyond
-the scratch files is not budgeted either: a GPU child has no address-space limit, so the host's
-OOM killer ends a child (its first choice) and that child is run again the same way.
+Device memory is budgeted the same way (a second ``ByteBudget``): a candidate reserves what its
+reference's run peaked at plus its harness's own copies (``candidate_device_bytes``) before it
+takes a child, and a reference starts only while the reservations leave room. An estimate is not
+a bound (a candidate's own buffers are its own), so a child that runs out of memory while other
+children of this worker ran too still runs again once one of them is done (``DeviceUsers``): the
+memory was theirs, not a fault of the code under test. Host memory beyond the scratch files is not
+budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
+choice) and that child is run again the same way.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import threading
 from collections.abc import Iterator
 
 
-class ExchangeBudget:
+class ByteBudget:
+    """Bytes held (known once used) and reserved (known beforehand) against a capacity."""
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.held = 0  # references' files
@@ -39,7 +44,7 @@ class ExchangeBudget:
         return self.held + self.reserved
 
     def wait_for_room(self) -> None:
-        """Before a reference runs: until the files in use are below the budget."""
+        """Before a reference runs: until the bytes in use are below the budget."""
         with self._changed:
             self._changed.wait_for(lambda: self.in_use < self.capacity)
 
@@ -62,7 +67,7 @@ class ExchangeBudget:
 
     @contextlib.contextmanager
     def reserve(self, nbytes: int) -> Iterator[None]:
-        """A candidate's output files, before its child runs."""
+        """A candidate's bytes, before its child runs; one larger than the capacity waits for none reserved."""
         with self._changed:
             self._changed.wait_for(lambda: self.reserved == 0 or self.reserved + nbytes <= self.capacity)
             self.reserved += nbytes
@@ -108,3 +113,16 @@ class DeviceUsers:
             if others_done():
                 return True
             return self.active > 0 and self._changed.wait_for(others_done, timeout=timeout_s)
+
+
+# A child's CUDA context, Triton's and the harness's modules on the device: not in the allocator's figures.
+DEVICE_CONTEXT_BYTES = 1 << 30
+
+
+def candidate_device_bytes(peak: int, input_bytes: int, output_bytes: int) -> int:
+    """A candidate's device memory, estimated from its reference's peak (the model, a case's inputs
+    and outputs, the timing's rotation of inputs): plus the harness's copies the reference has not
+    (the pristine inputs, the latest trial's inputs the refresh writes into, the returned outputs'
+    clone, the output being written), the judge's two outputs where it compares on the device, and
+    a context."""
+    return peak + 2 * input_bytes + 3 * output_bytes + DEVICE_CONTEXT_BYTES

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from reward_svc.admission import DeviceUsers, ExchangeBudget
+from reward_svc.admission import ByteBudget, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
@@ -55,7 +55,8 @@ class Evaluator:
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
         self._closed = False
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
-        self.exchange_budget = ExchangeBudget(self.exchange_max_bytes)
+        self.exchange_budget = ByteBudget(self.exchange_max_bytes)
+        self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
         self.redactor = Redactor(self.settings)
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
@@ -77,6 +78,15 @@ class Evaluator:
                     TritonLayers(self.layout, device),
                 )
             return self._pools[key]
+
+    def device_memory(self, device: str) -> ByteBudget | None:
+        """The budget of device memory candidates reserve on the GPU (none on the CPU)."""
+        if device != "cuda":
+            return None
+        with self._pools_lock:
+            if self._device_memory is None:
+                self._device_memory = ByteBudget(self.settings.reward_device_memory_max_bytes or _device_capacity())
+            return self._device_memory
 
     def close(self) -> None:
         """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
@@ -147,6 +157,9 @@ class Evaluator:
         while True:
             started = time.perf_counter()
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
+            device_memory = self.device_memory(device)
+            if device_memory is not None:  # its own peak is unknown until it ran: it waits for room, reserves none
+                device_memory.wait_for_room()
             admitted = time.perf_counter()
             ref_child = self.pool(device, options.timeout_s).take()
             ref_waits = {
@@ -206,15 +219,24 @@ class Evaluator:
         outputs = cases + 2 + (options.measure_speed and device == "cuda")
         # judged as they come (OutputStream): those waiting for the judge, and the one being written
         at_once = min(outputs, self.settings.reward_outputs_in_flight + 1)
+        device_memory = self.device_memory(device)
+        device_bytes = candidate_device_bytes(
+            ref_result.get("device_peak_bytes", 0), ref_result.get("input_bytes", 0), ref_result.get("output_bytes", 0)
+        )
         first_started = time.perf_counter()
         for attempt in range(MEMORY_RETRIES + 1):
             started = time.perf_counter()
-            with self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)):
+            with contextlib.ExitStack() as reservations:
+                reservations.enter_context(self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)))
                 admitted = time.perf_counter()
+                if device_memory is not None:
+                    reservations.enter_context(device_memory.reserve(device_bytes))
+                reserved = time.perf_counter()
                 child = self.pool(device, options.timeout_s).take()
                 waits = {
                     "admission": round(admitted - started, 3),
-                    "child": round(time.perf_counter() - admitted, 3),
+                    "device_memory": round(reserved - admitted, 3),
+                    "child": round(time.perf_counter() - reserved, 3),
                     "retries": round(started - first_started, 3),  # runs that ran out of device memory, and their waits
                 }
                 with self.device_users.use() as seen:
@@ -226,6 +248,8 @@ class Evaluator:
             ):
                 break
         verdict.details.setdefault("seconds", {})["waiting"] = waits
+        if device_memory is not None:  # the estimate beside what the child said it used (untrusted: a figure only)
+            verdict.details["device_memory"] = {"reserved": device_bytes, "peak": verdict.details.pop("device_peak_bytes", None)}
         if attempt:
             verdict.details["memory_retries"] = attempt
         return verdict
@@ -299,6 +323,8 @@ class Evaluator:
             if cached is None and build.exists() and verdict.status in ("correct", "incorrect"):
                 self.builds.publish(build, source)  # a clean run's artefacts only (build_cache.py)
             verdict.details["compile_cache_hit"] = cached is not None
+            if isinstance(result.get("device_peak_bytes"), int):
+                verdict.details["device_peak_bytes"] = result["device_peak_bytes"]
             verdict.details["isolation"] = outcome.isolation
             return verdict
         finally:
@@ -311,6 +337,14 @@ def _release_device_memory(device: str) -> None:
         import torch
 
         torch.cuda.empty_cache()
+
+
+def _device_capacity() -> int:
+    """What this worker's candidates may reserve: the GPU's memory, less a tenth for the worker's own
+    context and the references' runs (which reserve nothing)."""
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
 
 
 def warm_children(settings: Settings, device: str) -> int:

@@ -79,6 +79,7 @@ class ReferenceResult(TypedDict, total=False):
     timing: Timing
     timing_compiled: Timing
     memory_retries: int
+    device_peak_bytes: int  # the allocator's peak on the GPU: what the group's candidates reserve is sized from it
 
 
 class Observations(TypedDict, total=False):
@@ -119,3 +120,4 @@ class CandidateResult(TypedDict, total=False):
     phases: dict[str, float]
     output_fingerprints: dict[str, list[int]]
     timing: Timing
+    device_peak_bytes: int  # reported beside the worker's estimate (reward_svc/admission.py); never trusted

@@ -132,6 +132,13 @@ class Settings(BaseSettings):
         "across the candidates whose outputs are being written at once (a larger one runs alone); unset: a quarter of the "
         "scratch filesystem. A KernelBench level-1 case is 13 GB of input and output.",
     )
+    reward_device_memory_max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Device memory a GPU worker's candidates reserve together: each reserves what its reference peaked at "
+        "plus its harness's copies before it runs, and waits while the others' reservations would pass this (a larger one "
+        "runs alone); unset: nine tenths of the GPU's memory.",
+    )
     reward_scratch_min_free_bytes: int = Field(
         default=1 << 30,
         ge=0,

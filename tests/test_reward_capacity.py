@@ -17,7 +17,7 @@ import pytest
 
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
-from reward_svc.admission import DeviceUsers, ExchangeBudget
+from reward_svc.admission import ByteBudget, DeviceUsers
 from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
@@ -66,7 +66,15 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     assert evaluation.reference["cases"] == 2
     assert "2 of 3 correctness trials" in correct.details["trials_cut"]
     waits = correct.details["seconds"]["waiting"]
-    assert set(waits) == {"admission", "child", "retries", "reference_admission", "reference_child", "reference_retries"}
+    assert set(waits) == {
+        "admission",
+        "device_memory",
+        "child",
+        "retries",
+        "reference_admission",
+        "reference_child",
+        "reference_retries",
+    }
     assert waits["retries"] == 0 and waits["reference_retries"] == 0
     # no warm children: each was started when taken, and its warm-up (torch's import alone) is its wait
     assert waits["child"] > 0.3 and waits["reference_child"] > 0.3, waits
@@ -83,7 +91,7 @@ def test_more_outputs_in_flight_keep_the_verdicts(kz_env: Callable[..., Settings
 
 
 def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> None:
-    budget = ExchangeBudget(capacity=100)
+    budget = ByteBudget(capacity=100)
     running: list[int] = []
     peak: list[int] = []
     lock = threading.Lock()
@@ -108,7 +116,7 @@ def test_outputs_beyond_the_budget_wait_and_an_oversized_one_runs_alone() -> Non
 
 
 def test_references_queue_while_the_files_in_use_fill_the_budget_and_candidates_never_wait_for_them() -> None:
-    budget = ExchangeBudget(capacity=100)
+    budget = ByteBudget(capacity=100)
     started = threading.Event()
 
     def next_reference() -> None:
@@ -189,7 +197,7 @@ def test_a_group_whose_reference_finds_no_room_on_the_filesystem_gets_the_reason
 
 
 def test_a_reference_waiting_for_room_runs_once_another_group_lets_its_files_go() -> None:
-    budget = ExchangeBudget(100)
+    budget = ByteBudget(100)
     assert not budget.wait_for_release(timeout_s=5)  # nothing in use: waiting would not help
     released = threading.Event()
 

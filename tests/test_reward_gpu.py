@@ -131,6 +131,19 @@ def test_a_long_kernel_is_timed_in_seconds_of_gpu_time_not_in_calls() -> None:
     assert short["samples"] >= 40
 
 
+def test_a_candidates_device_memory_reservation_covers_what_its_child_used(evaluator: Evaluator) -> None:
+    """The reservation sized from the reference's peak (admission.candidate_device_bytes) holds an honest
+    candidate's allocations on a 256-MiB case, without the context's share: what candidates reserve
+    together is what they use, so none runs out of memory another one was admitted into."""
+    from reward_svc.admission import DEVICE_CONTEXT_BYTES
+
+    reference = RELU_REFERENCE.replace("torch.randn(4, 1024)", "torch.randn(64, 1 << 20)")
+    verdict = evaluator.evaluate_group(reference, [CORRECT], ScoreOptions(backend="triton", device="cuda")).verdicts[0]
+    assert verdict.status == "correct", verdict.reason
+    memory = verdict.details["device_memory"]
+    assert 256 << 20 < memory["peak"] <= memory["reserved"] - DEVICE_CONTEXT_BYTES, memory
+
+
 # Counts its calls: right in the seven judged or warm-up calls (two warm-ups, three trials, the refresh,
 # the recall), an empty answer once timing runs case 0 over and over.
 FAST_WHEN_TIMED = candidate(

@@ -208,7 +208,9 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}
 
     models: dict[int, torch.nn.Module] = {}
-    case_args: dict[int, Any] = {}  # the clean trials' inputs: the refresh writes into one of them
+    # the latest clean trial's inputs of each shape: the refresh writes into the latest of its own shapes
+    # (earlier ones of the same shapes are let go: a level-2 case's inputs are GBs on the device)
+    case_args: dict[int, Any] = {}
     phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
     lock = spec.get("gpu_lock")
 
@@ -278,6 +280,8 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
             return _failure(exc, "while timing ModelNew", observations)
         _check_integrity(snapshot, observations)
         observations["replaced_functions"] = observations.get("replaced_functions") or snapshot.replaced()
+    if device == "cuda":
+        result["device_peak_bytes"] = torch.cuda.max_memory_reserved()
     return result
 
 
@@ -433,8 +437,15 @@ def _run_case(
     if threading.active_count() > baseline_threads:
         raise Rejected("background_thread", "forward left a thread running after it returned")
     if case_args is not None:
+        shapes = _shapes(args)
+        for earlier in [c for c, kept in case_args.items() if _shapes(kept) == shapes]:
+            del case_args[earlier]
         case_args[case] = args
     return out
+
+
+def _shapes(args: Any) -> list[torch.Size]:
+    return [t.shape for t in tensors.tensors_in(args)]
 
 
 def check_returned(out: Any, args: Any) -> None:
@@ -551,7 +562,7 @@ def _refresh_trial(
     args = values
     for other in sorted(case_args, reverse=True):
         targets = tensors.tensors_in(case_args[other])
-        if [t.shape for t in targets] == [t.shape for t in tensors.tensors_in(values)]:
+        if _shapes(targets) == _shapes(values):
             for target, value in zip(targets, tensors.tensors_in(values)):
                 target.copy_(value)
             args = case_args[other]

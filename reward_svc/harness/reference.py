@@ -129,6 +129,8 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     }
     if spec.get("time") and device == "cuda":
         result.update(_time_reference(models[spec["weight_seeds"][0]], exchange, n_cases, spec, phases))
+    if device == "cuda":
+        result["device_peak_bytes"] = torch.cuda.max_memory_reserved()
     return result
 
 
