@@ -27,6 +27,7 @@ from services.children import tensors
 from services.children.device import DeviceLock, gpu_lock
 from services.children.layout import Layout
 from services.children.pool import FORGED_RESULT, ChildPool
+from services.children.report import OversizedFile
 from services.config import Settings
 from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
@@ -244,11 +245,34 @@ def test_an_output_far_larger_than_the_answer_is_not_read(tmp_path: Path, monkey
     """A 32 KiB answer read as 2.66 GB of worker memory: the size is checked against the expected
     output's file before a byte is read."""
     read: list[str] = []
-    monkeypatch.setattr(verify.tensors, "load_bytes", lambda buffer: read.append("read") or tensors.load_bytes(buffer))
+    load = tensors.load
+    monkeypatch.setattr(
+        verify.tensors, "load", lambda path, *args, **kwargs: read.append(str(path)) or load(path, *args, **kwargs)
+    )
     big = torch.randn(4 << 20)  # 16 MiB where the answer is 256 bytes
     verdict = _judge_with(tmp_path, lambda path: tensors.save(path, big))
     assert verdict.status == "incorrect" and "not read" in verdict.reason, verdict.reason
     assert read == []
+
+
+def test_an_output_read_while_its_child_runs_is_the_judges_own_copy(tmp_path: Path) -> None:
+    """The judge maps a private copy of an output its child could still touch: rewriting or cutting the
+    file after it was read changes nothing the judge holds, and a file that grew past what was checked
+    is refused rather than read on."""
+    path = tmp_path / "output_0.pt"
+    answer = torch.arange(1 << 20, dtype=torch.float32)
+    tensors.save(path, answer)
+    read = verify._load_output(path, path.stat().st_size, private=True)
+    tensors.save(path, torch.zeros(1 << 20))
+    os.truncate(path, 100)
+    assert torch.equal(read, answer)
+    tensors.save(path, answer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OversizedFile), verify._private_copy(fd, path.stat().st_size - 1, path):
+            pass
+    finally:
+        os.close(fd)
 
 
 def test_a_child_result_can_never_be_a_verdict_of_its_own_choosing(tmp_path: Path) -> None:

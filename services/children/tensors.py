@@ -234,11 +234,6 @@ def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
     return int(total) ^ (words.numel() << 8) ^ words.element_size()
 
 
-def load_bytes(buffer: Any) -> Any:
-    """Tensors from an in-memory file object (what the judge read from a checked descriptor)."""
-    return torch.load(buffer, map_location="cpu", weights_only=True)
-
-
 def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
     """Memory-mapped by default (pages are read when touched; host tensors stay private
     copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``."""
