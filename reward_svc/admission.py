@@ -119,10 +119,10 @@ class DeviceUsers:
 DEVICE_CONTEXT_BYTES = 1 << 30
 
 
-def candidate_device_bytes(peak: int, input_bytes: int, output_bytes: int) -> int:
+def candidate_device_bytes(peak: int, input_bytes: int, output_bytes: int, judged_at_once: int = 1) -> int:
     """A candidate's device memory, estimated from its reference's peak (the model, a case's inputs
-    and outputs, the timing's rotation of inputs): plus the harness's copies the reference has not
-    (the pristine inputs, the latest trial's inputs the refresh writes into, the returned outputs'
-    clone, the output being written), the judge's two outputs where it compares on the device, and
-    a context."""
-    return peak + 2 * input_bytes + 3 * output_bytes + DEVICE_CONTEXT_BYTES
+    and an output, the timing's rotation of inputs): plus the harness's copies the reference has not
+    (the pristine inputs, the latest trial's inputs the refresh writes into, the returned output's
+    clone), the judge's output and expected output for each comparison it runs at once on the device,
+    and a context."""
+    return peak + 2 * input_bytes + (1 + 2 * judged_at_once) * output_bytes + DEVICE_CONTEXT_BYTES

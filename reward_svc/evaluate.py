@@ -221,7 +221,10 @@ class Evaluator:
         at_once = min(outputs, self.settings.reward_outputs_in_flight + 1)
         device_memory = self.device_memory(device)
         device_bytes = candidate_device_bytes(
-            ref_result.get("device_peak_bytes", 0), ref_result.get("input_bytes", 0), ref_result.get("output_bytes", 0)
+            ref_result.get("device_peak_bytes", 0),
+            ref_result.get("input_bytes", 0),
+            ref_result.get("output_bytes", 0),
+            judged_at_once=self.settings.reward_outputs_in_flight,
         )
         first_started = time.perf_counter()
         for attempt in range(MEMORY_RETRIES + 1):
@@ -295,7 +298,7 @@ class Evaluator:
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
             started = time.perf_counter()
-            with OutputStream(compare_files, files):
+            with OutputStream(compare_files, files, at_once=self.settings.reward_outputs_in_flight):
                 outcome, answer = child.run(spec)
             result = cast(CandidateResult | None, answer)
             candidate_s = time.perf_counter() - started

@@ -13,6 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,7 @@ class FileComparer:
         self.key = key
         self.expect(fingerprints)
         self._loaded: dict[Path, Any] = {}
+        self._loading = threading.Lock()  # an OutputStream may judge several outputs at once
         self._judged: dict[str, Judged] = {}
 
     def expect(self, fingerprints: dict[str, list[int]] | None) -> None:
@@ -223,14 +225,19 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
-        if expected not in self._loaded:
-            self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
-            self._loaded[expected] = tensors.load(expected)
+        expected_tensors = self._expected(expected)
         if self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES:  # the same choice for every trial
-            judged = self._compare_on(self.device, output.stem, out, self._loaded[expected], allowance)
+            judged = self._compare_on(self.device, output.stem, out, expected_tensors, allowance)
             if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
                 return judged
-        return self._compare_on("cpu", output.stem, out, self._loaded[expected], allowance)  # small, or the device is full
+        return self._compare_on("cpu", output.stem, out, expected_tensors, allowance)  # small, or the device is full
+
+    def _expected(self, path: Path) -> Any:
+        with self._loading:
+            if path not in self._loaded:
+                self._loaded = dict(list(self._loaded.items())[:1])  # keep the first, let the latest go
+                self._loaded[path] = tensors.load(path)
+            return self._loaded[path]
 
     def _compare_on(self, device: str, name: str, out: Any, expected: Any, allowance: Allowance | None) -> Judged:
         seen = None
@@ -315,16 +322,19 @@ class OutputStream:
     publishes it, and lets it go. The harness publishes its next output only once fewer than
     ``KZ_REWARD_OUTPUTS_IN_FLIGHT`` wait (a bounded wait), so a candidate's files in the scratch dir stay at
     that many outputs and the one being written (two by default), not all six (three trials, refresh,
-    knockout, timed calls), and judging overlaps the child's later trials and timing. What is left
-    when the child ends is judged in place."""
+    knockout, timed calls), and judging overlaps the child's later trials and timing. Up to ``at_once``
+    published outputs are judged at the same time (the copy of one overlaps another's wait for the
+    device); ``KZ_REWARD_OUTPUTS_IN_FLIGHT`` sets both. What is left when the child ends is judged in place."""
 
     POLL_S = 0.01
 
-    def __init__(self, compare_files: FileComparer, files: TrialFiles) -> None:
+    def __init__(self, compare_files: FileComparer, files: TrialFiles, at_once: int = 1) -> None:
         self.compare_files, self.files = compare_files, files
         self.pending = list(files.names())  # in the order the harness writes them
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="output-stream", daemon=True)
+        self._judges = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="output-judge")
+        self._judging: list[Future[None]] = []
         self._error: BaseException | None = None
 
     def __enter__(self) -> OutputStream:
@@ -334,8 +344,11 @@ class OutputStream:
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self._judges.shutdown(wait=True)
+        errors = [self._error] + [judging.exception() for judging in self._judging]
+        raised = next((error for error in errors if error is not None), None)
+        if raised is not None:  # a judge bug: raised in the worker's thread once the child is done
+            raise raised
 
     def _run(self) -> None:
         try:
@@ -347,7 +360,10 @@ class OutputStream:
                     except OSError:  # the candidate made its dir unreadable: left to the judge in place
                         continue
                     if published:
-                        self.compare_files.consume(output, self.files.expected(name), self.files.allowance(name))
+                        judging = self._judges.submit(
+                            self.compare_files.consume, output, self.files.expected(name), self.files.allowance(name)
+                        )
+                        self._judging.append(judging)
                         self.pending.remove(name)
                 self._stop.wait(self.POLL_S)
         except BaseException as exc:  # a judge bug: raised in the worker's thread once the child is done

@@ -157,8 +157,10 @@ class Settings(BaseSettings):
         default=1,
         ge=1,
         le=8,
-        description="A candidate's published output files not yet judged before its harness waits for the judge: more lets "
-        "a candidate run ahead of a busy judge, and reserves one more output's bytes of the exchange budget each.",
+        description="A candidate's published output files not yet judged before its harness waits for the judge, and how "
+        "many of them the judge compares at once: more lets a candidate run ahead of a busy judge and overlaps one output's "
+        "copy with another's wait for the device, and reserves one more output's bytes of the exchange budget and two of "
+        "device memory each.",
     )
     reward_cache_max_bytes: int = Field(
         default=20 << 30,

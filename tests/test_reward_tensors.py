@@ -313,6 +313,57 @@ def test_an_output_judged_while_its_child_runs_cannot_change_under_the_judge(
     assert planted.guard == "output_tampering" and "missing or unreadable" in planted.reason, planted.reason
 
 
+def test_outputs_published_together_are_judged_at_once_with_the_same_verdict(tmp_path: Path) -> None:
+    """With two outputs in flight the judge compares two at a time (one's copy overlaps the other's
+    wait for the device), and reaches the verdict it reaches one at a time."""
+    key = 4242
+    _, ref_dir, _ = _trial_files(tmp_path / "layout", key)
+    one, most_one = _judge_streamed(tmp_path / "one", ref_dir, key, at_once=1)
+    two, most_two = _judge_streamed(tmp_path / "two", ref_dir, key, at_once=2)
+    assert (most_one, most_two) == (1, 2)
+    assert one == two and one[1].startswith("trial 2 of 2"), (one, two)
+
+
+def _judge_streamed(cand_dir: Path, ref_dir: Path, key: int, at_once: int) -> tuple[tuple[str, str], int]:
+    """(the verdict on four outputs published ``at_once`` at a time, the most judged at the same time)."""
+    import threading
+
+    from reward_svc import verify
+    from reward_svc.harness.candidate import TrialOutputs
+
+    cand_dir.mkdir()
+    expected = [torch.load(ref_dir / f"expected_{case}.pt") for case in (0, 1)]
+    compare_files = verify.FileComparer(verify.Tolerance(), key=key)
+    judging, now, most = threading.Lock(), [0], [0]
+    judge_file = compare_files._judge_file
+
+    def slow_judge(*args: object, **kwargs: object) -> verify.Judged:
+        with judging:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.3)  # long enough that the next published output is seen meanwhile
+        try:
+            return judge_file(*args, **kwargs)
+        finally:
+            with judging:
+                now[0] -= 1
+
+    compare_files._judge_file = slow_judge
+    outputs = TrialOutputs(cand_dir, key, in_flight=at_once)
+    with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2), at_once=at_once):
+        for name, value in [
+            ("output_knockout", torch.zeros(64)),
+            ("output_1", expected[1] + 1),
+            ("output_refresh", expected[0]),
+            ("output_recall", torch.zeros(64)),
+        ]:
+            outputs.write(outputs.take(name, value.clone()))
+    compare_files.expect(outputs.fingerprints)
+    result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
+    verdict = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
+    return (verdict.status, verdict.reason), most[0]
+
+
 def test_the_timing_check_runs_on_a_case_with_the_timed_models_weights() -> None:
     """Case k is built with weight seed k mod 2: after timing on case 0's model, the check call's case
     must have those weights too (case 2), or its expected output is another model's."""
