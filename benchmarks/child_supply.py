@@ -64,7 +64,7 @@ def pool_supply(device: str, size: int, seconds: float) -> dict[str, Any]:
     settings = get_settings().model_copy(update={"reward_warm_children": size})
     evaluator = Evaluator(settings)
     try:
-        pool = evaluator.pool(device, 60.0)
+        pool = evaluator.pool(device)
         warm_s = time.perf_counter()
         pool.wait_ready(timeout_s=600)
         warm_s = time.perf_counter() - warm_s

@@ -266,7 +266,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
 
     evaluator = Evaluator()
     options = ScoreOptions(backend="triton", device="cuda")
-    pool = evaluator.pool("cuda", options.timeout_s)
+    pool = evaluator.pool("cuda")
     warmed = pool.wait_ready(timeout_s=300)
     rows: list[dict[str, Any]] = []
 

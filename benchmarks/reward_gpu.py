@@ -114,7 +114,7 @@ def triton_end_to_end(evaluator) -> dict:  # type: ignore[no-untyped-def]
 
     # A warm worker: its pool finished warming before the first request, as for a worker that was
     # running when the jobs arrived; then requests back to back, each waiting for its verdict.
-    warmed = evaluator.pool("cuda", ScoreOptions().timeout_s).wait_ready(timeout_s=300)
+    warmed = evaluator.pool("cuda").wait_ready(timeout_s=300)
     walls, statuses = [], []
     for i in range(10):
         source = CORRECT + f"\n# variant {i}\n"  # a new source each time: no compile cache
@@ -127,7 +127,7 @@ def triton_end_to_end(evaluator) -> dict:  # type: ignore[no-untyped-def]
         "p50_s": statistics.median(walls),
         "statuses": statuses,
         "pool_warm_at_start": warmed,
-        "warm_children": evaluator.pool("cuda", ScoreOptions().timeout_s).size,
+        "warm_children": evaluator.pool("cuda").size,
     }
 
 

@@ -32,6 +32,7 @@ from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from services.schemas.reward import ScoreOptions, Verdict
 
+CHILD_WARM_UP_S = 600.0  # the most a taken child is waited for to warm up (16 at once take about 15 s on the H200 host)
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
 
 
@@ -51,7 +52,7 @@ class Evaluator:
         self.settings = settings or get_settings()
         self.layout = Layout(self.settings.data_dir / "reward", scratch=self.settings.reward_scratch_dir).create()
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
-        self._pools: dict[tuple[str, float], ChildPool] = {}
+        self._pools: dict[str, ChildPool] = {}
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
         self._closed = False
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
@@ -62,22 +63,23 @@ class Evaluator:
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
         threading.Thread(target=importlib.import_module, args=("reward_svc.verify",), name="import-judge", daemon=True).start()
 
-    def pool(self, device: str, timeout_s: float) -> ChildPool:
-        key = (device, timeout_s)
+    def pool(self, device: str) -> ChildPool:
+        """The device's warm children: one pool whatever a request's time limit, which each job is given
+        (a pool per limit would let requests start children by the pool-full)."""
         with self._pools_lock:
             if self._closed:
                 raise PoolClosed("the evaluator is closed: its process is stopping")
-            if key not in self._pools:
-                self._pools[key] = ChildPool(
+            if device not in self._pools:
+                self._pools[device] = ChildPool(
                     self.settings,
                     self.layout,
                     device,
-                    timeout_s,
+                    CHILD_WARM_UP_S,
                     warm_children(self.settings, device),
                     HARNESS_CHILD,
                     TritonLayers(self.layout, device),
                 )
-            return self._pools[key]
+            return self._pools[device]
 
     def device_memory(self, device: str) -> ByteBudget | None:
         """The budget of device memory candidates reserve on the GPU (none on the CPU)."""
@@ -109,7 +111,7 @@ class Evaluator:
         # torch and Triton to resolve names (seconds; a fresh `kernelzero score` waited for both in turn).
         # Only the first: a request the policy refuses whole must not be a cheap way to start pools.
         if not self._pools:
-            self.pool(device, options.timeout_s)
+            self.pool(device)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
             verdicts[i] = _policy_verdict(source)
@@ -161,7 +163,7 @@ class Evaluator:
             if device_memory is not None:  # its own peak is unknown until it ran: it waits for room, reserves none
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
-            ref_child = self.pool(device, options.timeout_s).take()
+            ref_child = self.pool(device).take()
             ref_waits = {
                 "reference_admission": round(admitted - started, 3),
                 "reference_child": round(time.perf_counter() - admitted, 3),
@@ -185,7 +187,7 @@ class Evaluator:
             }
             started = time.perf_counter()
             with self.device_users.use() as seen:
-                outcome, answer = ref_child.run(ref_spec)
+                outcome, answer = ref_child.run(ref_spec, wall_timeout_s=options.timeout_s)
             ref_result = cast(ReferenceResult | None, answer)
             reference_s = time.perf_counter() - started
             # a child the OOM killer ended is short of memory like one that ran out of device memory
@@ -235,7 +237,7 @@ class Evaluator:
                 if device_memory is not None:
                     reservations.enter_context(device_memory.reserve(device_bytes))
                 reserved = time.perf_counter()
-                child = self.pool(device, options.timeout_s).take()
+                child = self.pool(device).take()
                 waits = {
                     "admission": round(admitted - started, 3),
                     "device_memory": round(reserved - admitted, 3),
@@ -299,7 +301,7 @@ class Evaluator:
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
             started = time.perf_counter()
             with OutputStream(compare_files, files, at_once=self.settings.reward_outputs_in_flight):
-                outcome, answer = child.run(spec)
+                outcome, answer = child.run(spec, wall_timeout_s=options.timeout_s)
             result = cast(CandidateResult | None, answer)
             candidate_s = time.perf_counter() - started
             if result is None:

@@ -82,6 +82,8 @@ def test_crash_hang_and_oom_yield_verdicts_and_the_evaluator_keeps_serving(evalu
         v.reason for v in verdicts
     ]
     assert "memory" in verdicts[1].reason.lower()
+    # the evaluator's one pool of warm children serves every time limit, each job held to its own
+    assert "ran past the 15 s time limit" in verdicts[0].reason, verdicts[0].reason
     after = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], ScoreOptions(device="cpu")).verdicts[0]
     assert after.status == "correct", after.reason
 

@@ -58,9 +58,10 @@ class Child:
     audit: str = ""  # what the child's audit hook refused, a line each (the reward harness's candidates write it)
 
     def run(
-        self, spec: Mapping[str, Any], max_result_bytes: int = MAX_RESULT_BYTES
+        self, spec: Mapping[str, Any], max_result_bytes: int = MAX_RESULT_BYTES, wall_timeout_s: float | None = None
     ) -> tuple[SandboxResult, dict[str, Any] | None]:
-        """Run the job; the result the child wrote, or None. The spec is given the child's device lock,
+        """Run the job within ``wall_timeout_s`` (its pool's unless given); the result the child wrote, or
+        None. The spec is given the child's device lock,
         and a key the harness signs its result with (``report``): a result file written by
         anything else in the child (native code) does not verify and reads as ``FORGED_RESULT``.
         The audit log is made here and read back through this process's own descriptor
@@ -70,7 +71,7 @@ class Child:
         spec = {**spec, KEY_FIELD: key, "gpu_lock": self.device_lock.to_json() if self.device_lock else None}
         log = os.open(self.workdir / AUDIT_LOG, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            outcome = self.process.run((json.dumps(spec) + "\n").encode())
+            outcome = self.process.run((json.dumps(spec) + "\n").encode(), wall_timeout_s)
             self.audit = os.pread(log, MAX_AUDIT_BYTES, 0).decode(errors="replace")
         finally:
             os.close(log)

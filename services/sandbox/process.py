@@ -92,8 +92,9 @@ class SandboxProcess:
     def alive(self) -> bool:
         return not self._exited(0)
 
-    def run(self, stdin: bytes = b"") -> SandboxResult:
-        """Send ``stdin``, wait up to the confinement's wall timeout, kill the tree, report."""
+    def run(self, stdin: bytes = b"", wall_timeout_s: float | None = None) -> SandboxResult:
+        """Send ``stdin``, wait up to ``wall_timeout_s`` (the confinement's wall timeout unless given: a
+        warm process started before its job's limit was known), kill the tree, report."""
         with self._lock:
             if self._ran:
                 raise RuntimeError("SandboxProcess.run may be called once")
@@ -102,7 +103,7 @@ class SandboxProcess:
         assert self._proc.stdin is not None
         feeder = threading.Thread(target=_feed, args=(self._proc.stdin, stdin), name="sandbox-stdin", daemon=True)
         feeder.start()
-        timed_out = not self._exited(self.confinement.wall_timeout_s)
+        timed_out = not self._exited(self.confinement.wall_timeout_s if wall_timeout_s is None else wall_timeout_s)
         wall_s = time.monotonic() - start
         self.kill()
         feeder.join()
