@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def _trial_files(tmp_path: Path, key: int) -> tuple[dict, Path, Path]:
         ("output_refresh", expected[0]),
         ("output_recall", torch.full((64,), float("nan"))),
     ]:
-        outputs.write(outputs.take(name, value.clone()))
+        outputs.write(_taken(outputs, name, value.clone()))
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
     return result, ref_dir, cand_dir
 
@@ -154,13 +155,13 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
 
     missing = verdict()  # timed, but no output of the timed calls
     assert missing.status == "rejected" and missing.guard == "timing_evasion", missing.reason
-    outputs.write(outputs.take("output_timed_1", torch.zeros(64)))
+    outputs.write(_taken(outputs, "output_timed_1", torch.zeros(64)))
     cut_corners = verdict()
     assert cut_corners.status == "rejected" and cut_corners.guard == "timing_evasion", cut_corners.reason
-    outputs.write(outputs.take("output_timed_1", torch.load(ref_dir / "expected_0.pt")))  # case 0's answer for case 1's values
+    outputs.write(_taken(outputs, "output_timed_1", torch.load(ref_dir / "expected_0.pt")))  # case 0's answer for case 1's values
     stale = verdict()
     assert stale.status == "rejected" and stale.guard == "timing_evasion", stale.reason
-    outputs.write(outputs.take("output_timed_1", torch.load(ref_dir / "expected_1.pt")))
+    outputs.write(_taken(outputs, "output_timed_1", torch.load(ref_dir / "expected_1.pt")))
     honest = verdict()
     assert honest.status == "correct" and honest.speedup == 1000.0, honest.reason
 
@@ -174,12 +175,13 @@ def test_a_forward_that_cuts_corners_while_it_is_timed_is_rejected(tmp_path: Pat
 
 
 def test_the_call_after_the_timed_ones_is_recorded_as_a_trial_is() -> None:
-    from reward_svc.harness.candidate import _call_as_timed
+    from reward_svc.harness.candidate import TrialOutputs, _call_as_timed
     from reward_svc.harness.instrument import LaunchCounter
     from services.outcomes import Rejected
 
     x = torch.randn(64)
-    out, check = _call_as_timed(torch.nn.ReLU(), (x,), LaunchCounter(), case=1)
+    outputs = TrialOutputs(Path("unused"), key=7)
+    out, check = _call_as_timed(torch.nn.ReLU(), (x,), LaunchCounter(), outputs, case=1)
     assert torch.equal(out, x.relu())
     assert (check["case"], check["launches"], check["work"]["families"]) == (1, 0, {"pointwise": 64})
 
@@ -187,7 +189,7 @@ def test_the_call_after_the_timed_ones_is_recorded_as_a_trial_is() -> None:
         pass
 
     with pytest.raises(Rejected, match="plain tensors"):
-        _call_as_timed(lambda t: t.relu().as_subclass(Shadow), (x,), LaunchCounter(), case=1)
+        _call_as_timed(lambda t: t.relu().as_subclass(Shadow), (x,), LaunchCounter(), outputs, case=1)
 
 
 def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp_path: Path) -> None:
@@ -214,7 +216,7 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
             ("output_refresh", expected[0]),
             ("output_recall", torch.zeros(64)),
         ]:
-            outputs.write(outputs.take(name, value.clone()))
+            outputs.write(_taken(outputs, name, value.clone()))
             published.append(len(list(cand_dir.glob("output_*.pt"))))
     assert published == [1, 1, 1, 1]
     compare_files.expect(outputs.fingerprints)
@@ -225,7 +227,7 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     # Unjudged, the harness waits for the judge: within its bound, then it publishes anyway.
     waiting = TrialOutputs(tmp_path / "layout" / "cand", key, in_flight=1, wait_s=30)
     (tmp_path / "layout" / "cand" / "output_timed.pt").unlink(missing_ok=True)
-    writer = threading.Thread(target=waiting.write, args=(waiting.take("output_timed", expected[0]),))
+    writer = threading.Thread(target=waiting.write, args=(_taken(waiting, "output_timed", expected[0]),))
     writer.start()
     time.sleep(0.5)
     assert not (tmp_path / "layout" / "cand" / "output_timed.pt").exists()  # four published files wait for the judge
@@ -235,8 +237,8 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     assert (tmp_path / "layout" / "cand" / "output_timed.pt").exists()
     (tmp_path / "late").mkdir()
     late = TrialOutputs(tmp_path / "late", key, in_flight=1, wait_s=0.2)
-    late.write(late.take("output_0", expected[0]))
-    late.write(late.take("output_1", expected[1]))  # nobody judges: published after the bound
+    late.write(_taken(late, "output_0", expected[0]))
+    late.write(_taken(late, "output_1", expected[1]))  # nobody judges: published after the bound
     assert sorted(p.name for p in (tmp_path / "late").iterdir()) == ["output_0.pt", "output_1.pt"]
 
 
@@ -357,7 +359,7 @@ def _judge_streamed(cand_dir: Path, ref_dir: Path, key: int, at_once: int) -> tu
             ("output_refresh", expected[0]),
             ("output_recall", torch.zeros(64)),
         ]:
-            outputs.write(outputs.take(name, value.clone()))
+            outputs.write(_taken(outputs, name, value.clone()))
     compare_files.expect(outputs.fingerprints)
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
     verdict = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
@@ -404,7 +406,7 @@ def test_a_refresh_wrong_by_no_more_than_the_passing_trials_rounding_is_incorrec
     rounded = expected[1].clone()
     largest = int(rounded.abs().argmax())
     rounded[largest] += 1e-4 * float(rounded[largest].abs())  # within rtol on its largest value: passes
-    outputs.write(outputs.take("output_1", rounded))
+    outputs.write(_taken(outputs, "output_1", rounded))
 
     def verdict() -> verify.Verdict:
         compare_files = verify.FileComparer(verify.Tolerance(), fingerprints=result["output_fingerprints"], key=key)
@@ -414,11 +416,11 @@ def test_a_refresh_wrong_by_no_more_than_the_passing_trials_rounding_is_incorrec
     refresh = expected[0].clone()
     smallest = int(refresh.abs().argmin())
     refresh[smallest] += 0.9 * passing_error  # beyond atol + rtol on a value near 0, within the passing trial's error
-    outputs.write(outputs.take("output_refresh", refresh))
+    outputs.write(_taken(outputs, "output_refresh", refresh))
     rounding = verdict()
     assert rounding.status == "incorrect" and rounding.guard is None and "trial 1 of 2" in rounding.reason, rounding.reason
 
-    outputs.write(outputs.take("output_refresh", expected[1].clone()))  # the other trial's answer, remembered
+    outputs.write(_taken(outputs, "output_refresh", expected[1].clone()))  # the other trial's answer, remembered
     remembered = verdict()
     assert remembered.status == "rejected" and remembered.guard == "cross_call_cache", remembered.reason
 
@@ -457,3 +459,9 @@ def test_the_judge_compares_finite_values_and_the_nan_inf_pattern_apart(
 
     comparison = verify.compare(out, ref, verify.Tolerance())
     assert comparison.ok == ok and why in comparison.why and comparison.error == error, comparison
+
+
+def _taken(outputs: Any, name: str, value: torch.Tensor) -> tuple[str, Any]:
+    """What the harness does with a judged call's output: fingerprinted when forward returned, taken once final."""
+    outputs.returned(value)
+    return outputs.take(name, value)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import os
 import sys
@@ -162,9 +163,27 @@ class TrialOutputs:
         self.workdir, self.key = workdir, key
         self.in_flight, self.wait_s = in_flight, wait_s
         self.fingerprints: dict[str, list[int]] = {}
+        self._at_return: list[int] | None = None
+
+    def returned(self, output: Any) -> None:
+        """What a judged call returned, fingerprinted the moment it returned (``check_returned`` passed):
+        the bytes its trial's checks look at, and the ones ``take`` must still find."""
+        self._at_return = tensors.fingerprint(output, self.key)
 
     def take(self, name: str, output: Any) -> tuple[str, Any]:
-        self.fingerprints[name] = tensors.fingerprint(output, self.key)
+        """The output's fingerprint for the judge, once it is final. Candidate code can run between the
+        call's return and here (a finalizer: a generator or a tensor hook let go of by the harness),
+        outside anything recorded: an output it changed is refused, not judged."""
+        fingerprint, at_return, self._at_return = tensors.fingerprint(output, self.key), self._at_return, None
+        if at_return is None:
+            raise RuntimeError(f"harness: {name} was taken without its fingerprint from when forward returned")
+        if fingerprint != at_return:
+            raise Rejected(
+                "late_write",
+                "the output changed after forward returned and its checks ran: candidate code ran outside forward "
+                "(a finalizer, a hook) and wrote it",
+            )
+        self.fingerprints[name] = fingerprint
         return name, output
 
     def write(self, taken: tuple[str, Any]) -> None:
@@ -197,6 +216,10 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"))
     observations: Observations = {"launches_per_case": [], "work_per_case": []}
 
+    # Off for the candidate's life here, collected only between trials: a collection at any allocation
+    # would run the candidate's finalizers (a generator's ``finally``, a tensor hook's closure) at a point of
+    # its choosing inside the harness, between a judged call's return and its output's fingerprint.
+    gc.disable()
     arm_audit()
     try:
         module = import_file(Path(spec["candidate_path"]), "kz_candidate")
@@ -221,6 +244,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         copied to the device before the hold, as outputs are copied after it: a copy engine's transfer
         is not the kernels' work a timing must not share the GPU with, and a GB of inputs is seconds of
         host work a waiting timing would drain behind."""
+        gc.collect(0)  # the last call's cycles: their finalizers run now, where no judged output is in the making
         args = _case_inputs(spec, exchange, case)
         phases.lap("inputs")
         with phases.on_device(lock, "trials"):
@@ -233,8 +257,8 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
             phases.lap("outputs")
 
     paths: dict[str, list[str]] = {}  # the ops and launches of the knockout case's runs, by trial
-    run_case = functools.partial(_run_case, module, models, spec, exchange, counter, observations, baseline_threads)
-    knockout = functools.partial(_knockout_trial, module, models, spec, exchange, counter, observations, paths)
+    run_case = functools.partial(_run_case, module, models, spec, exchange, counter, outputs, observations, baseline_threads)
+    knockout = functools.partial(_knockout_trial, module, models, spec, exchange, counter, outputs, observations, paths)
     try:
         with torch.no_grad():
             for case in range(min(spec["trials"], len(spec["weight_seeds"]))):
@@ -337,7 +361,7 @@ def _time_candidate(
         prepare(0)
         timed_call()
         prepare(position)
-        checked, timing["check"] = _call_as_timed(model_for(rotation[position]), args, counter, rotation[position])
+        checked, timing["check"] = _call_as_timed(model_for(rotation[position]), args, counter, outputs, rotation[position])
         taken = outputs.take(f"output_timed_{rotation[position]}", checked)
         del checked
     latest[0] = None
@@ -400,6 +424,7 @@ def _run_case(
     spec: CandidateSpec,
     exchange: Path,
     counter: LaunchCounter,
+    outputs: TrialOutputs,
     observations: Observations,
     baseline_threads: int,
     case: int,
@@ -415,7 +440,7 @@ def _run_case(
     launches_before = counter.total
     recorder = recorder or OpRecorder()
     streams = _stream_and_device(spec["device"])
-    out = _recorded_call(model, args, counter, recorder, judged_conditions())
+    out = _recorded_call(model, args, counter, outputs, recorder, judged_conditions())
     if _stream_and_device(spec["device"]) != streams:
         raise Rejected("harness_tampering", "forward changed the current CUDA stream or device and left it changed")
     if case == 0:
@@ -501,13 +526,15 @@ def judged_conditions() -> Iterator[None]:
         deterministic.fill_uninitialized_memory = previous[1]  # type: ignore[attr-defined]
 
 
-def _call_as_timed(model: torch.nn.Module, args: Any, counter: LaunchCounter, case: int) -> tuple[Any, TimedCheck]:
+def _call_as_timed(
+    model: torch.nn.Module, args: Any, counter: LaunchCounter, outputs: TrialOutputs, case: int
+) -> tuple[Any, TimedCheck]:
     """A call under the timed calls' conditions (not the judged ones) with PyTorch's work and the custom
     launches recorded as a trial's are: a forward that tells the timed calls from the judged ones (by
     what uninitialised memory holds, say) and has PyTorch do the work while timed shows it here."""
     recorder = OpRecorder()
     launches_before = counter.total
-    out = _recorded_call(model, args, counter, recorder, contextlib.nullcontext())
+    out = _recorded_call(model, args, counter, outputs, recorder, contextlib.nullcontext())
     return out, {"case": case, "work": recorder.work(), "launches": counter.total - launches_before}
 
 
@@ -515,11 +542,12 @@ def _recorded_call(
     model: Callable[..., Any],
     args: Any,
     counter: LaunchCounter,
+    outputs: TrialOutputs,
     recorder: OpRecorder,
     conditions: contextlib.AbstractContextManager[Any],
 ) -> Any:
     """``model(*args)`` under ``conditions`` with PyTorch's ops and the custom launches recorded; what it
-    returned, checked (``check_returned``) before the harness reads it."""
+    returned, checked (``check_returned``) before the harness reads it, and fingerprinted then."""
     counter.recorder = recorder
     try:
         with conditions, recorder:
@@ -527,6 +555,7 @@ def _recorded_call(
     finally:
         counter.recorder = None
     check_returned(out, args)
+    outputs.returned(out)
     recorder.returned(out)
     return out
 
@@ -586,6 +615,7 @@ def _knockout_trial(
     spec: CandidateSpec,
     exchange: Path,
     counter: LaunchCounter,
+    outputs: TrialOutputs,
     observations: Observations,
     paths: dict[str, list[str]],
     name: str,
@@ -626,6 +656,7 @@ def _knockout_trial(
         counter.recorder, counter.knockout = None, False
         paths[name] = recorder.path
     check_returned(out, args)
+    outputs.returned(out)
     recorder.returned(out)
     seen["copies"] = counter.copies
     if recorder.stood_in:
