@@ -354,7 +354,11 @@ def _time_candidate(
 
     with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
         before = counter.total
-        timing = time_gpu(timed_call, prepare=prepare, budget_s=spec.get("timing_budget_s", 10.0))
+        gc.enable()  # hundreds of calls: their cycles are collected as before; none of them is judged
+        try:
+            timing = time_gpu(timed_call, prepare=prepare, budget_s=spec.get("timing_budget_s", 10.0))
+        finally:
+            gc.disable()
         timing["launches_per_call"] = (counter.total - before) / max(1, timing["calls"])
         # Checked on values neither the first nor the last timed call had (a result remembered from
         # either is stale): the first values once more, then another case's.
