@@ -210,13 +210,8 @@ def test_outputs_are_judged_as_they_come_and_the_harness_waits_for_the_judge(tmp
     outputs = TrialOutputs(cand_dir, key, in_flight=1)
     published = []
     with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2)):
-        for name, value in [
-            ("output_knockout", torch.zeros(64)),
-            ("output_1", expected[1] + 1),
-            ("output_refresh", expected[0]),
-            ("output_recall", torch.zeros(64)),
-        ]:
-            outputs.write(_taken(outputs, name, value.clone()))
+        for name, value in _wrong_on_trial_2(expected):
+            outputs.write(_taken(outputs, name, value))
             published.append(len(list(cand_dir.glob("output_*.pt"))))
     assert published == [1, 1, 1, 1]
     compare_files.expect(outputs.fingerprints)
@@ -353,13 +348,8 @@ def _judge_streamed(cand_dir: Path, ref_dir: Path, key: int, at_once: int) -> tu
     compare_files._judge_file = slow_judge
     outputs = TrialOutputs(cand_dir, key, in_flight=at_once)
     with verify.OutputStream(compare_files, verify.TrialFiles(cand_dir, ref_dir, 2), at_once=at_once):
-        for name, value in [
-            ("output_knockout", torch.zeros(64)),
-            ("output_1", expected[1] + 1),
-            ("output_refresh", expected[0]),
-            ("output_recall", torch.zeros(64)),
-        ]:
-            outputs.write(_taken(outputs, name, value.clone()))
+        for name, value in _wrong_on_trial_2(expected):
+            outputs.write(_taken(outputs, name, value))
     compare_files.expect(outputs.fingerprints)
     result = {"status": "ok", "observations": {"launches_per_case": [1, 1]}, "output_fingerprints": outputs.fingerprints}
     verdict = verify.judge({"status": "ok", "cases": 2}, result, verify.TrialFiles(cand_dir, ref_dir, 2), compare_files)
@@ -465,3 +455,13 @@ def _taken(outputs: Any, name: str, value: torch.Tensor) -> tuple[str, Any]:
     """What the harness does with a judged call's output: fingerprinted when forward returned, taken once final."""
     outputs.returned(value)
     return outputs.take(name, value)
+
+
+def _wrong_on_trial_2(expected: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """A candidate's outputs, in the order its harness writes them, the second trial's wrong."""
+    return [
+        ("output_knockout", torch.zeros(64)),
+        ("output_1", expected[1] + 1),
+        ("output_refresh", expected[0].clone()),
+        ("output_recall", torch.zeros(64)),
+    ]
