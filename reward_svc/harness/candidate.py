@@ -231,9 +231,9 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}
 
     models: dict[int, torch.nn.Module] = {}
-    # the latest clean trial's inputs of each shape: the refresh writes into the latest of its own shapes
+    # by their shapes, the latest clean trial's inputs: the refresh writes into those of its own shapes
     # (earlier ones of the same shapes are let go: a level-2 case's inputs are GBs on the device)
-    case_args: dict[int, Any] = {}
+    case_args: dict[tuple[torch.Size, ...], Any] = {}
     phases.lap("import")  # load_inline compiled here, outside the lock; Triton compiles at its first launch
     lock = spec.get("gpu_lock")
 
@@ -434,7 +434,7 @@ def _run_case(
     case: int,
     args: Any,
     *,
-    case_args: dict[int, Any] | None = None,
+    case_args: dict[tuple[torch.Size, ...], Any] | None = None,
     recorder: OpRecorder | None = None,
 ) -> Any:
     """One clean run of a case on ``args``: a trial on its own inputs (which join ``case_args``), or
@@ -466,15 +466,12 @@ def _run_case(
     if threading.active_count() > baseline_threads:
         raise Rejected("background_thread", "forward left a thread running after it returned")
     if case_args is not None:
-        shapes = _shapes(args)
-        for earlier in [c for c, kept in case_args.items() if _shapes(kept) == shapes]:
-            del case_args[earlier]
-        case_args[case] = args
+        case_args[_shapes(args)] = args
     return out
 
 
-def _shapes(args: Any) -> list[torch.Size]:
-    return [t.shape for t in tensors.tensors_in(args)]
+def _shapes(args: Any) -> tuple[torch.Size, ...]:
+    return tuple(t.shape for t in tensors.tensors_in(args))
 
 
 def check_returned(out: Any, args: Any) -> None:
@@ -580,7 +577,7 @@ def _use_deterministic_algorithms(mode: bool) -> None:
 def _refresh_trial(
     run_case: Callable[..., Any],
     spec: CandidateSpec,
-    case_args: dict[int, Any],
+    case_args: dict[tuple[torch.Size, ...], Any],
     counter: LaunchCounter,
     paths: dict[str, list[str]],
     observations: Observations,
@@ -592,14 +589,12 @@ def _refresh_trial(
     PyTorch op computed from data they never touched was not theirs, however it was routed
     (``torch.where`` on a test of their output, ``+ out * 0``, a copy kernel)."""
     case = spec["knockout_case"]
-    args = values
-    for other in sorted(case_args, reverse=True):
-        targets = tensors.tensors_in(case_args[other])
-        if _shapes(targets) == _shapes(values):
-            for target, value in zip(targets, tensors.tensors_in(values)):
-                target.copy_(value)
-            args = case_args[other]
-            break
+    args = case_args.get(_shapes(values))
+    if args is None:
+        args = values
+    else:
+        for target, value in zip(tensors.tensors_in(args), tensors.tensors_in(values)):
+            target.copy_(value)
     recorder = OpRecorder(spec["fingerprint_key"])
     out = run_case(case, args, recorder=recorder)
     paths["refresh"] = recorder.path
