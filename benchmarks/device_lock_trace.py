@@ -1,7 +1,7 @@
 """What the device lock was doing while a benchmark ran: ``/proc/locks`` sampled every few
 milliseconds for the lock file and its timings file (``services/children/device.py``), told into
 states (a timing holds the device, a timing waits for the shared holders to drain, correctness work
-shares it, nobody holds it; and how long timings waited at the gate), with every drain's length, what its holders were doing at each sample
+shares it, nobody holds it), with every drain's length, what its holders were doing at each sample
 (on a CPU, or where in the kernel they slept) and, for the long ones, the Python stacks of the
 holders it waited for (``py-spy dump``, where py-spy is installed): what a timing waits behind.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import typer
 
-from services.children.device import GATE_SUFFIX, TIMINGS_SUFFIX
+from services.children.device import TIMINGS_SUFFIX
 
 
 @dataclass
@@ -39,7 +39,6 @@ class LockState:
     shared: list[int] = field(default_factory=list)  # correctness work on the device (a pid per hold)
     announced: int = 0  # timings announced (holding the timings file shared)
     correctness_waiting: int = 0  # correctness work waiting for the announced timings to end
-    gated: int = 0  # timings waiting at the shut gate (``TimingGate``: correctness work's window)
 
     @property
     def name(self) -> str:
@@ -52,7 +51,7 @@ class LockState:
         return "waiting" if self.correctness_waiting else "free"
 
 
-def read_state(lock_inode: int, timings_inode: int, text: str, gate_inode: int | None = None) -> LockState:
+def read_state(lock_inode: int, timings_inode: int, text: str) -> LockState:
     """``/proc/locks`` lines: ``id: [->] FLOCK ADVISORY READ|WRITE pid maj:min:inode start end``
     (a ``->`` marks a request that waits)."""
     state = LockState()
@@ -73,8 +72,6 @@ def read_state(lock_inode: int, timings_inode: int, text: str, gate_inode: int |
                 state.announced += 1
             elif mode == "WRITE" and waiting:
                 state.correctness_waiting += 1
-        elif inode == gate_inode and mode == "READ" and waiting:
-            state.gated += 1
     return state
 
 
@@ -82,11 +79,9 @@ class DeviceLockTrace:
     """Samples the lock in a thread while a ``with`` block runs; ``summary()`` after it."""
 
     def __init__(self, lock_path: str, interval_s: float = 0.005, long_drain_s: float = 1.0, dumps: int = 24) -> None:
-        for path in (lock_path, lock_path + TIMINGS_SUFFIX, lock_path + GATE_SUFFIX):
+        for path in (lock_path, lock_path + TIMINGS_SUFFIX):
             Path(path).touch()
         self.lock_inode, self.timings_inode = os.stat(lock_path).st_ino, os.stat(lock_path + TIMINGS_SUFFIX).st_ino
-        self.gate_inode = os.stat(lock_path + GATE_SUFFIX).st_ino
-        self.gated_s = 0.0  # time with a timing waiting at the shut gate
         self.interval_s, self.long_drain_s, self.dumps_left = interval_s, long_drain_s, dumps
         self.seconds: Counter[str] = Counter()
         self.drains: list[float] = []
@@ -116,10 +111,9 @@ class DeviceLockTrace:
         dumped: float | None = None
         while not self._stop.wait(self.interval_s):
             with open("/proc/locks") as handle:
-                state = read_state(self.lock_inode, self.timings_inode, handle.read(), self.gate_inode)
+                state = read_state(self.lock_inode, self.timings_inode, handle.read())
             now = time.perf_counter()
             self.seconds[state.name] += now - last
-            self.gated_s += (now - last) if state.gated else 0.0
             last = now
             if state.exclusive_waiting and not state.exclusive:
                 drain_since = drain_since or now
@@ -160,7 +154,6 @@ class DeviceLockTrace:
         return {
             "share_of_time": {name: round(s / total, 3) for name, s in self.seconds.most_common()},
             "seconds": round(total, 1),
-            "share_with_timings_at_the_gate": round(self.gated_s / total, 3),
             "drains": _spread(self.drains),
             "timing_batches": _spread(self.timing_batches),
             "drain_samples_with_a_holder_on_a_cpu": dict(self.holders_running),

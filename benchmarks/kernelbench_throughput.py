@@ -313,7 +313,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
         warm_children=warm_children(evaluator.settings, "cuda"),
         # the scheduling settings the run had (an A/B sets them through the environment)
         settings=evaluator.settings.model_dump(
-            include={"reward_parallel_children", "reward_outputs_in_flight", "reward_timing_window_s", "reward_gpu_concurrency"}
+            include={"reward_parallel_children", "reward_outputs_in_flight", "reward_gpu_concurrency"}
         ),
         pool_warm_at_start=warmed,
         utilisation=sampler.summary(),

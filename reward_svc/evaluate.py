@@ -25,7 +25,7 @@ from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
 from reward_svc.redact import Redactor
 from reward_svc.triton_layers import HARNESS_CHILD, TritonLayers
-from services.children.device import TimingGate, gpu_lock, resolve_device
+from services.children.device import gpu_lock, resolve_device
 from services.children.layout import Layout
 from services.children.pool import Child, ChildPool, PoolClosed
 from services.config import Settings, get_settings
@@ -53,7 +53,6 @@ class Evaluator:
         self.layout = Layout(self.settings.data_dir / "reward", scratch=self.settings.reward_scratch_dir).create()
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[str, ChildPool] = {}
-        self._gates: list[TimingGate] = []
         self._pools_lock = threading.Lock()  # a GPU worker evaluates several groups at once (threads)
         self._closed = False
         self.exchange_max_bytes = self.settings.reward_exchange_max_bytes or shutil.disk_usage(self.layout.exchange).total // 4
@@ -71,9 +70,6 @@ class Evaluator:
             if self._closed:
                 raise PoolClosed("the evaluator is closed: its process is stopping")
             if device not in self._pools:
-                lock = self.layout.gpu_lock(device)
-                if lock and self.settings.reward_timing_window_s:
-                    self._gates.append(TimingGate(lock, self.settings.reward_timing_window_s))
                 self._pools[device] = ChildPool(
                     self.settings,
                     self.layout,
@@ -99,8 +95,6 @@ class Evaluator:
         with self._pools_lock:
             self._closed = True
             pools = list(self._pools.values())
-        for gate in self._gates:
-            gate.close()
         for pool in pools:
             pool.close()
 

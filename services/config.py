@@ -153,14 +153,6 @@ class Settings(BaseSettings):
         "once, and on a disk GB-sized ones cost seconds each.",
     )
     reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
-    reward_timing_window_s: float = Field(
-        default=2.0,
-        ge=0,
-        le=60,
-        description="Seconds a GPU gives correctness work between batches of timings (timings asking meanwhile wait, then "
-        "run as one batch; sooner when no correctness work holds the device): fewer, larger batches, each paying one "
-        "drain of the correctness work. 0: a timing runs as soon as the device drains for it.",
-    )
     reward_outputs_in_flight: int = Field(
         default=1,
         ge=1,

@@ -117,23 +117,3 @@ def test_the_tracing_process_is_the_worker_and_its_sampling_thread_does_not_coun
     states = [trace.holder_state(os.getpid()) for _ in range(20)]
     assert all(state.startswith("worker ") for state in states)
     assert states.count("worker running") < len(states)  # the sampler, the one thread running here, does not count
-
-
-def test_a_timing_waiting_at_the_shut_gate_is_seen(tmp_path: Path) -> None:
-    from services.children.device import TimingGate
-
-    trace = _trace_module()
-    lock = tmp_path / "gpu.lock"
-    gate = TimingGate(str(lock), window_s=1.0)
-    try:
-        with trace.DeviceLockTrace(str(lock)) as sampled:
-            correctness = _holder(lock, exclusive=False, hold_s=1.5)
-            _held(correctness)
-            timing = _holder(lock, exclusive=True, hold_s=0.2)
-            correctness.wait()
-            timing.wait()
-    finally:
-        gate.close()
-    summary = sampled.summary()
-    assert summary["share_with_timings_at_the_gate"] > 0.1  # the window's rest: up to a second of the run's two
-    assert summary["timing_batches"]["count"] == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from processes import wait_for
-from services.children.device import GATE_SUFFIX, TIMINGS_SUFFIX, TimingGate, gpu_lock
+from services.children.device import TIMINGS_SUFFIX, gpu_lock
 
 
 @contextmanager
@@ -208,108 +208,3 @@ def test_timings_announced_while_the_device_drains_run_back_to_back(tmp_path: Pa
     for thread in (first, second, correctness):
         thread.join(10)
     assert sorted(order[:2]) == ["timing 1", "timing 2"] and order[2:] == ["correctness"]
-
-
-@contextmanager
-def timing_gate(lock: Path, window_s: float) -> Iterator[TimingGate]:
-    gate = TimingGate(str(lock), window_s)
-    try:
-        yield gate
-    finally:
-        gate.close()
-
-
-def timing_in_thread(lock: Path, log: list[str], name: str) -> threading.Thread:
-    def run() -> None:
-        with gpu_lock(str(lock), exclusive=True):
-            log.append(name)
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_a_timing_waits_at_the_gate_while_correctness_work_has_its_window(tmp_path: Path) -> None:
-    """While correctness work holds the device, a timing that asks waits at the shut gate (not announced:
-    the shared holders do not drain for it yet) until the window ends, then drains and runs."""
-    lock = tmp_path / "gpu.lock"
-    ran: list[str] = []
-    with timing_gate(lock, window_s=2.0), child_holding(lock, exclusive=False):
-        time.sleep(0.3)  # the gate shut, the window begun
-        timing = timing_in_thread(lock, ran, "timing")
-        time.sleep(0.8)
-        assert not announced(lock) and ran == []  # waiting at the gate
-        entered = threading.Event()
-
-        def correctness_work() -> None:
-            with gpu_lock(str(lock)):
-                entered.set()
-
-        threading.Thread(target=correctness_work, daemon=True).start()
-        assert entered.wait(2.0)  # correctness work still joins the device in the window
-        wait_for(lambda: announced(lock), 10, "the timing announced once the window ended")
-        assert ran == []  # it waits for the shared holder to drain
-    timing.join(10)
-    assert ran == ["timing"]
-
-
-def test_timings_asking_in_a_window_run_as_one_batch_before_later_correctness_work(tmp_path: Path) -> None:
-    lock = tmp_path / "gpu.lock"
-    order: list[str] = []
-    with timing_gate(lock, window_s=1.5):
-        with gpu_lock(str(lock)):  # a trial in progress through the window
-            time.sleep(0.2)
-            timings = [timing_in_thread(lock, order, f"timing {i}") for i in range(3)]
-            wait_for(lambda: announced(lock), 10, "the timings announced once the window ended")
-            time.sleep(0.3)  # each took the gate shared while it was open
-
-            def correctness_work() -> None:
-                with gpu_lock(str(lock)):
-                    order.append("correctness")
-
-            later = threading.Thread(target=correctness_work, daemon=True)
-            later.start()
-            time.sleep(0.2)
-            assert order == []
-        for thread in (*timings, later):
-            thread.join(10)
-    assert sorted(order[:3]) == ["timing 0", "timing 1", "timing 2"] and order[3:] == ["correctness"]
-
-
-def test_a_timing_passes_the_gate_at_once_when_no_correctness_work_holds_the_device(tmp_path: Path) -> None:
-    """The window ends early once nothing would drain: a lone score never waits for it."""
-    lock = tmp_path / "gpu.lock"
-    ran: list[str] = []
-    with timing_gate(lock, window_s=60), timing_gate(lock, window_s=60):  # the second waits to take over
-        time.sleep(0.2)
-        started = time.monotonic()
-        timing_in_thread(lock, ran, "timing").join(10)
-        assert ran == ["timing"] and time.monotonic() - started < 5
-        time.sleep(0.2)
-        with gpu_lock(str(lock)):  # correctness work is not held back by a gate either
-            pass
-
-
-def test_a_gate_whose_process_died_is_open(tmp_path: Path) -> None:
-    """The gate is a flock: a worker that dies with it shut leaves no timing waiting behind it."""
-    lock = tmp_path / "gpu.lock"
-    code = (
-        "import time; from services.children.device import TimingGate\n"
-        f"TimingGate({str(lock)!r}, 60); print('gate', flush=True); time.sleep(60)"
-    )
-    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert worker.stdout is not None and worker.stdout.readline().strip() == "gate"
-        with child_holding(lock, exclusive=False):
-            wait_for(lambda: not can_take(Path(f"{lock}{GATE_SUFFIX}"), fcntl.LOCK_SH), 10, "the gate shut")
-            worker.kill()
-            worker.wait()
-            ran: list[str] = []
-            timing = timing_in_thread(lock, ran, "timing")
-            wait_for(lambda: announced(lock), 10, "the timing announced past the dead worker's gate")
-        timing.join(10)
-        assert ran == ["timing"]
-    finally:
-        worker.kill()
-        worker.wait()

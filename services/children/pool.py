@@ -195,7 +195,7 @@ class ChildPool:
                 argv,
                 self.confinement(workdir, inbox, build_inbox),
                 cwd=workdir,
-                pass_fds=lock.fds if lock else (),
+                pass_fds=(lock.lock_fd, lock.timings_fd) if lock else (),
             )
         finally:
             if lock:
