@@ -339,8 +339,9 @@ def _time_candidate(
     position = check_position(rotation, len(spec["weight_seeds"]))
     sets = [_case_inputs(spec, exchange, case) for case in rotation]  # copies to the device: before the hold
     phases.lap("inputs")
-    args: Any = None
-    targets: list[torch.Tensor] = []
+    with phases.on_device(lock, "timing_setup"):
+        args = tensors.clone(sets[0])
+    targets = tensors.tensors_in(args)
 
     def prepare(call: int) -> None:
         for target, value in zip(targets, tensors.tensors_in(sets[call % len(sets)])):
@@ -352,9 +353,6 @@ def _time_candidate(
         latest[0] = model(*args)
 
     with torch.no_grad(), phases.on_device(lock, "timing", exclusive=True):
-        # the timed tensors made in the timing's own hold: a hold of their own was one more wait for the device
-        args = tensors.clone(sets[0])
-        targets = tensors.tensors_in(args)
         before = counter.total
         gc.enable()  # hundreds of calls: their cycles are collected as before; none of them is judged
         try:

@@ -311,20 +311,18 @@ def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: Re
         # lock shared; only timing holds it exclusive.
         sets = [tensors.load(exchange / f"inputs_{case}.pt", "cuda") for case in timing_rotation(exchange, cases)]
         phases.lap("inputs")
-        inputs = None
-        if spec.get("time_compiled"):
-            with phases.on_device(lock, "timing_setup"):
-                inputs = tensors.clone(sets[0])
+        with phases.on_device(lock, "timing_setup"):
+            inputs = tensors.clone(sets[0])
+            if spec.get("time_compiled"):
                 compiled = torch.compile(model)
                 compiled(*inputs)
+        targets = tensors.tensors_in(inputs)
 
         def prepare(call: int) -> None:
-            for target, value in zip(tensors.tensors_in(inputs), tensors.tensors_in(sets[call % len(sets)])):
+            for target, value in zip(targets, tensors.tensors_in(sets[call % len(sets)])):
                 target.copy_(value)
 
         with phases.on_device(lock, "timing", exclusive=True):
-            if inputs is None:  # made in the timing's own hold: a hold of their own was one more wait for the device
-                inputs = tensors.clone(sets[0])
             timings["timing"] = time_gpu(lambda: model(*inputs), budget_s=budget_s, prepare=prepare)
             if compiled is not None:
                 timings["timing_compiled"] = time_gpu(lambda: compiled(*inputs), budget_s=budget_s, prepare=prepare)
