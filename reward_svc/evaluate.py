@@ -25,7 +25,7 @@ from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
 from reward_svc.redact import Redactor
 from reward_svc.triton_layers import HARNESS_CHILD, TritonLayers
-from services.children.device import gpu_lock, resolve_device
+from services.children.device import gpu_lock, likely_device, resolve_device
 from services.children.layout import Layout
 from services.children.pool import Child, ChildPool, PoolClosed
 from services.config import Settings, get_settings
@@ -106,12 +106,13 @@ class Evaluator:
         return evaluation
 
     def _evaluate_group(self, reference: str, candidates: list[str], options: ScoreOptions) -> Evaluation:
-        device = resolve_device(options.device)
-        # A process's first pool before the policy check: its children warm up while the check imports
-        # torch and Triton to resolve names (seconds; a fresh `kernelzero score` waited for both in turn).
-        # Only the first: a request the policy refuses whole must not be a cheap way to start pools.
+        # A process's first pool before the policy check and before "auto" is resolved: its children warm
+        # up while this process imports torch and Triton (seconds; a fresh `kernelzero score` waited for
+        # both in turn). Only the first: a request the policy refuses whole must not be a cheap way to
+        # start pools.
         if not self._pools:
-            self.pool(device)
+            self.pool(likely_device(options.device))
+        device = resolve_device(options.device)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
             verdicts[i] = _policy_verdict(source)

@@ -21,6 +21,7 @@ from reward_svc.admission import ByteBudget, DeviceUsers
 from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
+from services.children.device import likely_device
 from services.children.layout import Layout, owner_tag
 from services.children.pool import ChildPool, PoolClosed
 from services.config import Settings
@@ -419,6 +420,44 @@ def test_a_new_pools_children_start_before_the_policy_check_imports_torch(
         evaluator.close()
     assert verdict.status == "rejected"
     assert started_at_check == [2]
+
+
+def test_auto_starts_the_pool_before_torch_says_which_device(
+    kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--device auto`` (the CLI's default) asked torch first (its import: seconds on a GPU host) and
+    started the children after: they now warm up while it answers, on the device NVIDIA's device
+    nodes say it will answer."""
+    import reward_svc.evaluate as evaluate
+
+    evaluator = Evaluator(kz_env(reward_warm_children=2))
+    started_at_resolve: list[int] = []
+    resolve = evaluate.resolve_device
+
+    def seen_when_resolved(requested: str) -> str:
+        started_at_resolve.append(sum(len(pool._warm) for pool in evaluator._pools.values()))
+        return resolve(requested)
+
+    monkeypatch.setattr(evaluate, "resolve_device", seen_when_resolved)
+    try:
+        refused = candidate("return launch_relu(x, torch.empty_like(x))", extra="import subprocess")
+        evaluation = evaluator.evaluate_group(RELU_REFERENCE, [refused], ScoreOptions(device="auto"))
+    finally:
+        evaluator.close()
+    assert started_at_resolve == [2]
+    assert list(evaluator._pools) == [evaluation.device] == [likely_device("auto")]
+
+
+def test_auto_on_a_host_without_nvidia_device_nodes_is_the_cpu_without_importing_torch(tmp_path: Path) -> None:
+    node = tmp_path / "nvidiactl"
+
+    def answers(expression: str) -> list[str]:
+        code = f"import sys; import services.children.device as d; d.NVIDIA_DEVICE_NODES = ({str(node)!r},); print({expression})"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+    assert answers("d.resolve_device('auto'), 'torch' in sys.modules") == ["cpu", "False"]
+    node.touch()  # the driver's node: CUDA is likely, and torch has the last word
+    assert answers("d.likely_device('auto'), d.likely_device('cpu')") == ["cuda", "cpu"]
 
 
 def test_requests_with_ever_new_time_limits_start_no_further_pool(kz_env: Callable[..., Settings]) -> None:

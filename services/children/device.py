@@ -136,9 +136,22 @@ def released_totals() -> tuple[float, float]:
     return getattr(_holds, "released_s", 0.0), getattr(_holds, "retake_wait_s", 0.0)
 
 
+NVIDIA_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg")  # the driver's control node (WSL 2: its GPU node): CUDA opens one
+
+
+def likely_device(requested: str) -> str:
+    """What ``resolve_device`` will answer, without importing torch (seconds of a fresh CLI's time): a
+    host (or container) without NVIDIA's device nodes has no CUDA; one with them nearly always has."""
+    if requested != "auto":
+        return requested
+    return "cuda" if any(os.path.exists(node) for node in NVIDIA_DEVICE_NODES) else "cpu"
+
+
 def resolve_device(requested: str) -> str:
     if requested != "auto":
         return requested
+    if likely_device(requested) == "cpu":  # certain without torch's word
+        return "cpu"
     return "cuda" if _cuda_available() else "cpu"
 
 
