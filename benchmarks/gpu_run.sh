@@ -23,6 +23,8 @@
 #                  --service on `kernelzero up`'s warm reward worker (needs gpu_wheels.sh --trainer, for Redis)
 #   supply         benchmarks/child_supply.py: a warm-up's phases (1 and 16 at once) and the pool's children per
 #                  minute at 8 and 16 warm children (a child serves one job: the cap on evaluations per minute)
+#   trial_profile[:PREFIXES]  benchmarks/trial_profile.py: each problem's reference and candidate harness run alone under
+#                  torch.profiler (device time by kernel against the phases); PREFIXES comma-separated (default 14_,16_)
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
@@ -67,6 +69,12 @@ for step in "$@"; do
                 --candidates "$CANDIDATES" --limit "${LIMIT:-24}" --only ours --concurrency "$CONCURRENCY" --group "$arg" \
                 --out "$RESULTS/throughput_g$arg"
             [ -n "${PROFILE:-}" ] && "$PYTHON" benchmarks/profile_summary.py "${TMPDIR:-/tmp}/stacks_g$arg.txt" > "$RESULTS/profile_g$arg.txt" ;;
+        trial_profile)
+            [ "$arg" = trial_profile ] && arg=14_,16_
+            only=()
+            for prefix in ${arg//,/ }; do only+=(--only "$prefix"); done
+            python3 benchmarks/trial_profile.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" "${only[@]}" \
+                --out "$RESULTS/trial_profile.json" ;;
         kernelbench)
             python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
                 --limit "${KB_LIMIT:-6}" --only kernelbench --kernelbench "$KB" --group "$arg" --variant 1 --out "$RESULTS/kernelbench_g$arg" ;;
