@@ -38,8 +38,11 @@ def _profiled_run(reference: Path, candidate: Path, device: str, workdir: Path) 
     from torch.profiler import ProfilerActivity, profile
 
     from reward_svc.harness.candidate import run_candidate
+    from reward_svc.harness.child import warm_up
     from reward_svc.harness.reference import run_reference
+    from services.children.report import AUDIT_LOG
 
+    warm_up(device)  # as a pool child is before its job: Triton's stubs, cuBLAS and cuDNN are loaded outside the profile
     weights = secrets.randbelow(2**30)
     ref_dir, cand_dir = workdir / "reference", workdir / "candidate"
     ref_dir.mkdir()
@@ -82,6 +85,9 @@ def _profiled_run(reference: Path, candidate: Path, device: str, workdir: Path) 
     with profile(activities=activities) as candidate_profile:
         cand_result = run_candidate(cand_spec, cand_dir)
     sides["candidate"] = {k: cand_result.get(k) for k in ("status", "reason", "phases")}
+    refused = (cand_dir / AUDIT_LOG).read_text().splitlines() if (cand_dir / AUDIT_LOG).exists() else []
+    if refused:  # what the audit hook refused, and where: a harness run here that a pool child would pass
+        sides["candidate"]["audit"] = refused[:5]
     for side, profiled in (("reference", reference_profile), ("candidate", candidate_profile)):
         sides[side].update(_kernels(profiled, device))
     if device == "cuda":
@@ -90,18 +96,21 @@ def _profiled_run(reference: Path, candidate: Path, device: str, workdir: Path) 
 
 
 def _kernels(profiled: Any, device: str) -> dict[str, Any]:
-    """The ops' self time on the device (the CPU's where there is none), the largest first."""
+    """The ops' self time on the device (the CPU's where there is none), the largest first; on a GPU also
+    the host's (a build on the CPU, a synchronize waiting for the device: host time inside a device hold)."""
     events = profiled.key_averages()
+
+    def top(clock: str) -> tuple[float, list[dict[str, Any]]]:
+        timed = [(e.key, getattr(e, f"self_{clock}_time_total"), e.count) for e in events]
+        timed = sorted((row for row in timed if row[1] > 0), key=lambda row: -row[1])
+        rows = [{"op": key[:120], "ms": round(us / 1e3, 3), "calls": count} for key, us, count in timed[:TOP_KERNELS]]
+        return round(sum(us for _, us, _ in timed) / 1e3, 3), rows
+
+    total_ms, rows = top("device" if device == "cuda" else "cpu")
+    report: dict[str, Any] = {"clock": "device" if device == "cuda" else "cpu", "total_ms": total_ms, "top": rows}
     if device == "cuda":
-        timed = [(e.key, e.self_device_time_total, e.count) for e in events if e.self_device_time_total > 0]
-    else:
-        timed = [(e.key, e.self_cpu_time_total, e.count) for e in events if e.self_cpu_time_total > 0]
-    timed.sort(key=lambda row: -row[1])
-    return {
-        "clock": "device" if device == "cuda" else "cpu",
-        "total_ms": round(sum(us for _, us, _ in timed) / 1e3, 3),
-        "top": [{"op": key[:120], "ms": round(us / 1e3, 3), "calls": count} for key, us, count in timed[:TOP_KERNELS]],
-    }
+        report["host_total_ms"], report["host_top"] = top("cpu")
+    return report
 
 
 @app.command()
@@ -126,8 +135,12 @@ def run(
             with tempfile.TemporaryDirectory(prefix="kz-trial-profile-") as workdir:
                 command = [sys.executable, __file__, "one", str(reference), str(candidates / reference.name), workdir]
                 command += ["--device", device]
-                env = {**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})}  # as the pool's CPU children
-                done = subprocess.run(command, capture_output=True, text=True, env=env)
+                # as a pool child's: its own Triton cache (the stubs built there, not in the home dir)
+                env = {**os.environ, "TRITON_CACHE_DIR": str(Path(workdir) / "triton")}
+                if device == "cpu":
+                    env["TRITON_INTERPRET"] = "1"
+                # in the work dir, as a pool child: Triton builds its launchers in the cwd
+                done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir)
             lines = done.stdout.strip().splitlines()
             row = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-2000:]}
             rows.append({"problem": reference.name, **row})

@@ -292,9 +292,9 @@ def test_recording_loads_no_dynamo_and_a_compiled_forward_records_the_same_ops()
 FIRST_CALL = """
 import json, sys
 from pathlib import Path
-from reward_svc.harness.child import _warm_up
+from reward_svc.harness.child import warm_up
 
-_warm_up("cpu")
+warm_up("cpu")
 import torch
 from reward_svc.harness.candidate import judged_conditions
 from services.children.loading import import_file

@@ -12,7 +12,7 @@ from reward_svc.protocol import CandidateSpec, ReferenceSpec
 from services.children.entry import serve
 
 
-def _warm_up(device: str) -> None:
+def warm_up(device: str) -> None:
     import torch
 
     try:
@@ -87,4 +87,4 @@ def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    serve(handle, _warm_up)
+    serve(handle, warm_up)
