@@ -133,7 +133,8 @@ def run(
     for prefix in only:
         for reference in sorted(problems.glob(f"{prefix}*.py")):
             with tempfile.TemporaryDirectory(prefix="kz-trial-profile-") as workdir:
-                command = [sys.executable, __file__, "one", str(reference), str(candidates / reference.name), workdir]
+                script, candidate = Path(__file__).resolve(), (candidates / reference.name).resolve()
+                command = [sys.executable, str(script), "one", str(reference.resolve()), str(candidate), workdir]
                 command += ["--device", device]
                 # as a pool child's: its own Triton cache (the stubs built there, not in the home dir)
                 env = {**os.environ, "TRITON_CACHE_DIR": str(Path(workdir) / "triton")}

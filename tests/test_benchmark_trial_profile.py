@@ -19,9 +19,10 @@ def test_a_problem_is_profiled_on_both_sides(tmp_path: Path) -> None:
     shutil.copy(ROOT / "tests/kernels/relu/reference.py", problems / "1_relu.py")
     shutil.copy(ROOT / "tests/kernels/relu/triton_correct.py", candidates / "1_relu.py")
     out = tmp_path / "trial_profile.json"
-    command = [sys.executable, str(ROOT / "benchmarks/trial_profile.py"), "run", "--problems", str(problems)]
-    command += ["--candidates", str(candidates), "--only", "1_", "--device", "cpu", "--out", str(out)]
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    # paths as a user types them, relative to where the command runs (each side runs in its own work dir)
+    command = [sys.executable, str(ROOT / "benchmarks/trial_profile.py"), "run", "--problems", "problems"]
+    command += ["--candidates", "candidates", "--only", "1_", "--device", "cpu", "--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True, timeout=300, cwd=tmp_path)
     [row] = json.loads(out.read_text())["rows"]
     assert row["problem"] == "1_relu.py"
     for side in ("reference", "candidate"):
