@@ -247,6 +247,12 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         gc.collect(0)  # the last call's cycles: their finalizers run now, where no judged output is in the making
         args = _case_inputs(spec, exchange, case)
         phases.lap("inputs")
+        if spec["weight_seeds"][case % len(spec["weight_seeds"])] not in models:
+            # ModelNew's constructor draws its weights on the host (seconds for a large Linear): that is not
+            # the device work the hold is for, and it is candidate code as the import is, which runs outside it
+            with judged_conditions():
+                _model_for(module, models, spec, exchange, case)
+            phases.lap("model")
         with phases.on_device(lock, "trials"):
             out = run(args)
             taken = None if out is SKIPPED else outputs.take(name, out)

@@ -68,9 +68,10 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
             init_inputs = make_init_inputs(module, weight_seed)
             inputs = _make_inputs(module, spec["input_seed"] + case, device, phases, lock)
             phases.lap("inputs")
+            if weight_seed not in models:  # before the hold: its weights are drawn on the host (seconds for a large Linear)
+                models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
+                phases.lap("model")
             with phases.on_device(lock, "trials"):
-                if weight_seed not in models:
-                    models[weight_seed] = build_model(module, "Model", weight_seed, device, init_inputs)
                 inputs, args, output, case_recorder, distribution = _run_case(models[weight_seed], inputs, case, device)
                 if case == 0:
                     recorder = case_recorder
