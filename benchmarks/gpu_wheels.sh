@@ -3,7 +3,9 @@
 # with what the GPU machine's image lacks to run the platform's GPU tests and benchmarks — the
 # project's own dependencies that are not in that image, at the versions .venv holds, as CPython
 # 3.12 manylinux wheels, and Debian's bubblewrap for the sandbox. benchmarks/gpu_env.sh installs
-# them there. The image already has torch, triton, numpy, httpx, typer, rich, psutil, matplotlib.
+# them there. The image already has torch, triton, numpy, httpx, typer, psutil, matplotlib. Its rich has
+# been found without a module of its own (rich._emoji_codes: a progress bar's first render failed), so
+# rich and its dependencies are carried too.
 # With --trainer, also what the trainer's GPU figures need: TRL and datasets, for
 # benchmarks/trainer_step.py (the image's pyarrow, xxhash and peft serve them: pyarrow's wheel, 55 MB,
 # would not fit the 64 MiB a call carries), and Debian's Redis, for the loop's rounds (benchmarks/loop_gpu.sh).
@@ -13,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MISSING_THERE=(pydantic pydantic-core pydantic-settings annotated-types typing-inspection typing-extensions python-dotenv
     sqlalchemy greenlet alembic mako celery kombu billiard vine amqp click-didyoumean click-plugins click-repl
     prompt-toolkit wcwidth tzdata tzlocal redis fastapi annotated-doc opentelemetry-api starlette uvicorn structlog
-    prometheus-fastapi-instrumentator tenacity fastapi-offline)
+    prometheus-fastapi-instrumentator tenacity fastapi-offline rich markdown-it-py mdurl pygments)
 
 debs=(bubblewrap)
 if [ "${1:-}" = --trainer ]; then
