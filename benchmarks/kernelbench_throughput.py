@@ -303,7 +303,9 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
             except KeyboardInterrupt:  # the step's time limit (gpu_run.sh): the groups done so far are the figure
                 cut = True
     finally:
-        executor.shutdown(wait=not cut, cancel_futures=True)
+        # never wait for groups still running: after the loop none are, and after a cut or an error (a progress bar
+        # that cannot render) their rows would be lost anyway, while the device call's time runs out
+        executor.shutdown(wait=False, cancel_futures=True)
         evaluator.close()
     summary = _summary(rows, time.perf_counter() - started)
     summary["samples"] = sampler.samples
