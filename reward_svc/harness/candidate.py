@@ -245,14 +245,15 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         is not the kernels' work a timing must not share the GPU with, and a GB of inputs is seconds of
         host work a waiting timing would drain behind."""
         gc.collect(0)  # the last call's cycles: their finalizers run now, where no judged output is in the making
-        args = _case_inputs(spec, exchange, case)
-        phases.lap("inputs")
         if spec["weight_seeds"][case % len(spec["weight_seeds"])] not in models:
-            # ModelNew's constructor draws its weights on the host (seconds for a large Linear): that is not
-            # the device work the hold is for, and it is candidate code as the import is, which runs outside it
+            # ModelNew's constructor draws its weights on the host (seconds for a large Linear): not the device
+            # work the hold is for, and candidate code as the import is, which runs outside it too. Before the
+            # case's inputs are loaded: no unrecorded candidate code runs while a case's values are in the process.
             with judged_conditions():
                 _model_for(module, models, spec, exchange, case)
             phases.lap("model")
+        args = _case_inputs(spec, exchange, case)
+        phases.lap("inputs")
         with phases.on_device(lock, "trials"):
             out = run(args)
             taken = None if out is SKIPPED else outputs.take(name, out)
