@@ -298,23 +298,6 @@ def test_secrets_are_taken_out_of_reasons_and_details(kz_env: Callable[..., Sett
     assert "pg-canary-password" not in json.dumps(verdict.details) and verdict.details["n"] == 3
 
 
-INPUT_SHAPE_REFERENCE = """
-import torch
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(16, 16)
-
-    def forward(self, x):
-        return self.lin(x)
-
-def get_inputs():
-    return [torch.randn(4, 16)]
-
-def get_init_inputs():
-    return []
-"""
 # Unchecked by the policy (the harness is run directly), so it may walk the stack: a constructor that
 # finds a case's inputs there could compute their answers with PyTorch where nothing is recorded.
 FRAME_WALKING_CANDIDATE = """
@@ -324,18 +307,18 @@ import torch
 class ModelNew(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.lin = torch.nn.Linear(16, 16)
+        self.fc = torch.nn.Linear(32, 40)
         self.seen, frame = [], sys._getframe(1)
         while frame is not None:
             for value in list(frame.f_locals.values()):
-                if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.shape == (4, 16) for v in value):
+                if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) and v.shape == (48, 32) for v in value):
                     self.seen.append(frame.f_code.co_name)
             frame = frame.f_back
 
     def forward(self, x):
         if self.seen:
             raise RuntimeError("the constructor found a case's inputs in " + ", ".join(self.seen))
-        return self.lin(x)
+        return self.fc(x)
 """
 HARNESS_RUN = """
 import json, sys
@@ -346,7 +329,7 @@ from reward_svc.harness.reference import run_reference
 
 work = Path(sys.argv[1])
 common = {"device": "cpu", "weight_seeds": [5, 6], "time": False, "timing_budget_s": 1.0}
-reference = run_reference({**common, "role": "reference", "reference_path": str(work / "reference.py"), "trials": 3,
+reference = run_reference({**common, "role": "reference", "reference_path": sys.argv[2], "trials": 3,
     "input_seed": 7, "time_compiled": False, "exchange_max_bytes": 1 << 30, "atol": None, "rtol": None,
     "scratch_min_free_bytes": 0}, work / "reference")
 knockout, copies = choose_knockout_case(reference)
@@ -361,13 +344,17 @@ print(json.dumps({"status": result["status"], "reason": result.get("reason"), "p
 def test_a_candidates_constructor_runs_before_any_case_inputs_exist(tmp_path: Path) -> None:
     """ModelNew is built before the first trial's device hold, outside the op recording, as its import
     runs: before that trial's inputs are loaded, so no case's values are in the process to be read."""
-    for name, text in (("reference.py", INPUT_SHAPE_REFERENCE), ("candidate.py", FRAME_WALKING_CANDIDATE)):
-        (tmp_path / name).write_text(text)
+    (tmp_path / "candidate.py").write_text(FRAME_WALKING_CANDIDATE)  # the reference: a Linear on (48, 32) inputs
     for side in ("reference", "candidate"):
         (tmp_path / side).mkdir()
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}  # its own process: the audit hook stays there
     done = subprocess.run(
-        [sys.executable, "-c", HARNESS_RUN, str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+        [sys.executable, "-c", HARNESS_RUN, str(tmp_path), str(REPO / "tests/attacks/ref_linear.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
