@@ -286,6 +286,8 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
                 "seconds": v.details.get("seconds"),
                 "phases": v.details.get("phases"),
                 "device_memory": v.details.get("device_memory"),
+                "timing": _timing_stats(v.details.get("timing")),
+                "ref_timing": _timing_stats(v.details.get("ref_timing")),
             }
             for i, v in enumerate(verdicts)
         ]
@@ -364,8 +366,27 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
             for side, sides in (("candidate", rows), ("reference", list(groups.values())))
         },
         "correct": sum(bool(r.get("correct")) for r in rows),
+        "longest_timings": longest_timings(rows),
         "rows": rows,
     }
+
+
+TIMING_STATS = ("median_ms", "std_ms", "samples", "rse", "calls")
+
+
+def _timing_stats(timing: dict[str, Any] | None) -> dict[str, Any] | None:
+    return {k: timing[k] for k in TIMING_STATS if k in timing} if timing else None
+
+
+def longest_timings(rows: list[dict[str, Any]], n: int = 8) -> list[dict[str, Any]]:
+    """The evaluations whose exclusive timing held the device longest (the lock's timing share is their
+    sum; a few seconds' tail stops everyone), each with what its timing measured: how many samples it
+    took and how scattered they were (``rse`` against the target that ends a timing)."""
+    groups = {r["problem"].split("#")[0]: r for r in rows}
+    held = [(_phase(r, "candidate", "timing"), r["problem"], "candidate", r.get("timing")) for r in rows]
+    held += [(_phase(r, "reference", "timing"), name, "reference", r.get("ref_timing")) for name, r in groups.items()]
+    held = sorted((h for h in held if h[0]), key=lambda h: -h[0])
+    return [{"problem": name, "side": side, "timing_s": seconds, **(stats or {})} for seconds, name, side, stats in held[:n]]
 
 
 def _device_memory(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -59,3 +59,23 @@ def test_a_group_of_8_is_8_distinct_launch_configurations_of_the_templates_kerne
     for variant in variants:
         ast.parse(variant)
     assert benchmark.tuning_variants(source, 1) == [source]
+
+
+def test_the_longest_timings_are_listed_with_what_they_measured() -> None:
+    def row(problem: str, candidate_s: float, reference_s: float, samples: int) -> dict:
+        stats = {"median_ms": 1.0, "std_ms": 0.5, "samples": samples, "rse": 0.02, "calls": samples + 5}
+        return {
+            "problem": problem,
+            "phases": {"candidate": {"timing": candidate_s}, "reference": {"timing": reference_s}},
+            "timing": stats,
+            "ref_timing": {**stats, "samples": 40},
+        }
+
+    rows = [row("10_a.py#0", 9.1, 0.6, 1000), row("10_a.py#1", 0.7, 0.6, 40), row("14_b.py#0", 3.0, 7.4, 300)]
+    longest = _benchmark().longest_timings(rows, n=3)
+    assert [(t["problem"], t["side"], t["timing_s"]) for t in longest] == [
+        ("10_a.py#0", "candidate", 9.1),
+        ("14_b.py", "reference", 7.4),  # a group's reference, once
+        ("14_b.py#0", "candidate", 3.0),
+    ]
+    assert longest[0]["samples"] == 1000 and longest[1]["samples"] == 40 and longest[0]["rse"] == 0.02
