@@ -245,13 +245,13 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         is not the kernels' work a timing must not share the GPU with, and a GB of inputs is seconds of
         host work a waiting timing would drain behind."""
         gc.collect(0)  # the last call's cycles: their finalizers run now, where no judged output is in the making
-        if spec["weight_seeds"][case % len(spec["weight_seeds"])] not in models:
-            # ModelNew's constructor draws its weights on the host (seconds for a large Linear): not the device
-            # work the hold is for, and candidate code as the import is, which runs outside it too. Before the
-            # case's inputs are loaded: no unrecorded candidate code runs while a case's values are in the process.
-            with judged_conditions():
-                _model_for(module, models, spec, exchange, case)
-            phases.lap("model")
+        # The case's model, built the first time (later: the one built then). ModelNew's constructor draws its
+        # weights on the host (seconds for a large Linear): not the device work the hold is for, and candidate
+        # code as the import is, which runs outside it too. Before the case's inputs are loaded: no unrecorded
+        # candidate code runs while a case's values are in the process.
+        with judged_conditions():
+            _model_for(module, models, spec, exchange, case)
+        phases.lap("model")
         args = _case_inputs(spec, exchange, case)
         phases.lap("inputs")
         with phases.on_device(lock, "trials"):
