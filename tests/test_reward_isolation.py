@@ -320,43 +320,19 @@ class ModelNew(torch.nn.Module):
             raise RuntimeError("the constructor found a case's inputs in " + ", ".join(self.seen))
         return self.fc(x)
 """
-HARNESS_RUN = """
-import json, sys
-from pathlib import Path
-from reward_svc.evaluate import choose_knockout_case
-from reward_svc.harness.candidate import run_candidate
-from reward_svc.harness.reference import run_reference
-
-work = Path(sys.argv[1])
-common = {"device": "cpu", "weight_seeds": [5, 6], "time": False, "timing_budget_s": 1.0}
-reference = run_reference({**common, "role": "reference", "reference_path": sys.argv[2], "trials": 3,
-    "input_seed": 7, "time_compiled": False, "exchange_max_bytes": 1 << 30, "atol": None, "rtol": None,
-    "scratch_min_free_bytes": 0}, work / "reference")
-knockout, copies = choose_knockout_case(reference)
-result = run_candidate({**common, "role": "candidate", "candidate_path": str(work / "candidate.py"), "backend": "triton",
-    "trials": reference["cases"], "exchange_dir": str(work / "reference" / "exchange"), "compile_cache": str(work / "build"),
-    "compile_cache_readonly": False, "fingerprint_key": 11, "outputs_in_flight": 0, "knockout_case": knockout,
-    "copies_are_work": copies}, work / "candidate")
-print(json.dumps({"status": result["status"], "reason": result.get("reason"), "phases": result.get("phases")}))
-"""
 
 
 def test_a_candidates_constructor_runs_before_any_case_inputs_exist(tmp_path: Path) -> None:
     """ModelNew is built before the first trial's device hold, outside the op recording, as its import
     runs: before that trial's inputs are loaded, so no case's values are in the process to be read."""
-    (tmp_path / "candidate.py").write_text(FRAME_WALKING_CANDIDATE)  # the reference: a Linear on (48, 32) inputs
-    for side in ("reference", "candidate"):
-        (tmp_path / side).mkdir()
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}  # its own process: the audit hook stays there
-    done = subprocess.run(
-        [sys.executable, "-c", HARNESS_RUN, str(tmp_path), str(REPO / "tests/attacks/ref_linear.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    (tmp_path / "candidate.py").write_text(FRAME_WALKING_CANDIDATE)
+    # the reference's run, then the candidate's, in a process of their own (the audit hook stays there), as the
+    # trial profiler runs them; the reference is a Linear on (48, 32) inputs
+    command = [sys.executable, str(REPO / "benchmarks/trial_profile.py"), "one", str(REPO / "tests/attacks/ref_linear.py")]
+    command += [str(tmp_path / "candidate.py"), str(tmp_path), "--device", "cpu"]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])["sides"]["candidate"]
     assert result["status"] == "ok", result["reason"]
     assert result["phases"]["model"] >= 0 and result["phases"]["trials"] > 0  # built outside the holds, then run
