@@ -25,6 +25,8 @@
 #                  minute at 8 and 16 warm children (a child serves one job: the cap on evaluations per minute)
 #   trial_profile[:PREFIXES]  benchmarks/trial_profile.py: each problem's reference and candidate harness run alone under
 #                  torch.profiler (device time by kernel against the phases); PREFIXES comma-separated (default 14_,16_)
+#   timing_noise[:SECONDS]  benchmarks/timing_noise.py: a ReLU's and 10_'s and 14_'s reference timings sampled on a quiet host,
+#                  under CPU load, beside fresh children's warm-ups, and both; the spread and where each stop rule ends
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
@@ -103,6 +105,11 @@ for step in "$@"; do
         score_latency)
             [ "$arg" = score_latency ] && arg=3
             timeout -s INT -k 30 "$limit" bash benchmarks/score_latency.sh "$RESULTS/score_latency" "$arg" ;;
+        timing_noise)
+            [ "$arg" = timing_noise ] && arg=11
+            python3 benchmarks/timing_noise.py --seconds "$arg" --out "$RESULTS/timing_noise" \
+                --problem "$KB/KernelBench/level2/10_ConvTranspose2d_MaxPool_Hardtanh_Mean_Tanh.py" \
+                --problem "$KB/KernelBench/level2/14_Gemm_Divide_Sum_Scaling.py" ;;
         loop)
             [ "$arg" = loop ] && arg=4
             timeout -s INT -k 30 "$limit" bash benchmarks/loop_gpu.sh "$RESULTS/loop" "$arg" ;;

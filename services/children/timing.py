@@ -6,7 +6,8 @@ timed on the GPU's clock rather than on Python's launch overhead (the triton ``d
 method). Every batch ends with a device-wide synchronize and is also timed as a whole, so work a
 candidate leaves on a side stream is still paid for: if the batch took longer than its samples
 account for, the per-call figure is taken from the batch instead. Batches repeat until the
-relative standard error of the samples is below the target, or the budget runs out. How many
+relative standard error of the samples' median (the figure reported; ``median_rse``) is below the
+target, or the budget runs out. How many
 calls that takes follows the kernel's time, as do_bench's time-based budgets do: a kernel of tens
 of ms is stable to well under a percent in ten samples, and every call of its timing holds the
 whole GPU (the device lock is exclusive), so its floor of samples and its batches are sized in
@@ -77,103 +78,124 @@ def time_gpu(
     budget_s: float = 10.0,
     prepare: Callable[[int], None] | None = None,
 ) -> Timing:
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    calls = 0
-
-    def setup() -> None:
-        if prepare is not None:
-            prepare(calls)
-        flush.zero_()
-
-    warmup_started = time.perf_counter()
-    call_s = 0.0
-    for i in range(warmup):
-        setup()
-        torch.cuda.synchronize()
-        call_started = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        call_s = time.perf_counter() - call_started  # the latest warm call's time, flush excluded
-        calls += 1
-        if i >= 1 and time.perf_counter() - warmup_started > WARMUP_S:
-            break
-    flush_ms = _flush_cost_ms(flush)
-    setup_ms = _setup_cost_ms(setup) if prepare is not None else flush_ms
-    if call_s > 0:
-        min_samples = min(min_samples, max(FLOOR_SAMPLES, math.ceil(MIN_TIMED_S / call_s)))
-        batch = max(1, min(batch, math.ceil(BATCH_S / call_s)))
-
-    samples: list[float] = []
-    batch_excess_ms: list[float] = []
+    run = TimedRun(fn, prepare=prepare, warmup=warmup)
+    min_samples, batch = run.sized(min_samples, batch)
     started = time.perf_counter()
     while True:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        run.batch(batch)
+        rse = median_rse(run.samples)
+        elapsed = time.perf_counter() - started
+        # Every batch adds samples, so the budget alone may end the run (with at least one batch).
+        if elapsed > budget_s or (len(run.samples) >= min_samples and (rse <= target_rse or len(run.samples) >= max_samples)):
+            return run.timing()
+
+
+class TimedRun:
+    """One kernel's timing as it goes: the warm-up calls, then batches of timed samples (``batch``), and
+    what they measured (``timing``). ``time_gpu`` decides when to stop; a benchmark can keep sampling."""
+
+    def __init__(self, fn: Callable[[], Any], *, prepare: Callable[[int], None] | None = None, warmup: int = 5) -> None:
+        self.fn, self.prepare = fn, prepare
+        self.flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        self.calls = 0
+        self.samples: list[float] = []
+        self.positions: list[int] = []  # each sample's place in its batch (the first waits on the host's launches)
+        self.batch_excess_ms: list[float] = []
+        self.batch_sizes: list[int] = []
+        warmup_started = time.perf_counter()
+        self.call_s = 0.0
+        for i in range(warmup):
+            self.setup()
+            torch.cuda.synchronize()
+            call_started = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            self.call_s = time.perf_counter() - call_started  # the latest warm call's time, flush excluded
+            self.calls += 1
+            if i >= 1 and time.perf_counter() - warmup_started > WARMUP_S:
+                break
+        self.flush_ms = _device_ms(self.flush.zero_)
+        self.setup_ms = _device_ms(self.setup) if prepare is not None else self.flush_ms
+
+    def setup(self) -> None:
+        if self.prepare is not None:
+            self.prepare(self.calls)
+        self.flush.zero_()
+
+    def sized(self, min_samples: int, batch: int) -> tuple[int, int]:
+        """The floor of samples and the batch, in seconds of GPU time where the calls are long."""
+        if self.call_s <= 0:
+            return min_samples, batch
+        return min(min_samples, max(FLOOR_SAMPLES, math.ceil(MIN_TIMED_S / self.call_s))), max(
+            1, min(batch, math.ceil(BATCH_S / self.call_s))
+        )
+
+    def batch(self, size: int) -> None:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
         batch_start = torch.cuda.Event(enable_timing=True)
         batch_end = torch.cuda.Event(enable_timing=True)
         batch_start.record()
         for start, end in zip(starts, ends):
-            setup()
+            self.setup()
             start.record()
-            fn()
+            self.fn()
             end.record()
-            calls += 1
+            self.calls += 1
         torch.cuda.synchronize()  # device-wide: side streams must finish inside the batch
         batch_end.record()
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-        samples.extend(times)
-        # What the batch cost beyond its flushes and timed calls: work outside the events.
-        batch_excess_ms.append(batch_start.elapsed_time(batch_end) - batch * setup_ms - sum(times))
-        rse = _relative_standard_error(samples)
-        elapsed = time.perf_counter() - started
-        # Every batch adds samples, so the budget alone may end the run (with at least one batch).
-        if elapsed > budget_s or (len(samples) >= min_samples and (rse <= target_rse or len(samples) >= max_samples)):
-            break
+        self.samples.extend(times)
+        self.positions.extend(range(size))
+        self.batch_sizes.append(size)
+        # What the batch cost beyond its set-ups and timed calls: work outside the events.
+        self.batch_excess_ms.append(batch_start.elapsed_time(batch_end) - size * self.setup_ms - sum(times))
 
-    median = statistics.median(samples)
-    untimed_per_call = max(0.0, statistics.median(batch_excess_ms) / batch)
-    # Side-stream work shows up as excess far beyond the sync/launch slack of a batch.
-    escaped = untimed_per_call > max(0.05, 0.5 * median)
-    return {
-        "median_ms": median + (untimed_per_call if escaped else 0.0),
-        "mean_ms": statistics.fmean(samples),
-        "std_ms": statistics.pstdev(samples),
-        "min_ms": min(samples),
-        "samples": len(samples),
-        "rse": _relative_standard_error(samples),
-        "untimed_ms_per_call": untimed_per_call,
-        "side_stream_work": escaped,
-        "method": "events+l2flush, batch-synchronized" + (", inputs rewritten per call" if prepare is not None else ""),
-        "calls": calls,
-        "flush_ms": flush_ms,
-        "flush_bytes": L2_FLUSH_BYTES,
-    }
+    def timing(self) -> Timing:
+        samples = self.samples
+        median = statistics.median(samples)
+        untimed_per_call = max(0.0, statistics.median(e / n for e, n in zip(self.batch_excess_ms, self.batch_sizes)))
+        # Side-stream work shows up as excess far beyond the sync/launch slack of a batch.
+        escaped = untimed_per_call > max(0.05, 0.5 * median)
+        return {
+            "median_ms": median + (untimed_per_call if escaped else 0.0),
+            "mean_ms": statistics.fmean(samples),
+            "std_ms": statistics.pstdev(samples),
+            "min_ms": min(samples),
+            "samples": len(samples),
+            "rse": median_rse(samples),
+            "untimed_ms_per_call": untimed_per_call,
+            "side_stream_work": escaped,
+            "method": "events+l2flush, batch-synchronized" + (", inputs rewritten per call" if self.prepare is not None else ""),
+            "calls": self.calls,
+            "flush_ms": self.flush_ms,
+            "flush_bytes": L2_FLUSH_BYTES,
+        }
 
 
-def _flush_cost_ms(flush: torch.Tensor, repeats: int = 10) -> float:
+def _device_ms(work: Callable[[], Any], repeats: int = 10) -> float:
+    """What one call of ``work`` (a flush, or an input rewrite and a flush) costs on the device."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        flush.zero_()
+        work()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats
 
 
-def _setup_cost_ms(setup: Callable[[], None], repeats: int = 10) -> float:
-    """What one call's set-up (the input rewrite and the flush) costs on the device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        setup()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
-def _relative_standard_error(samples: list[float]) -> float:
-    if len(samples) < 2:
+def median_rse(samples: list[float], z: float = 1.96) -> float:
+    """The relative standard error of the samples' median, the figure a timing reports: half the width of
+    the median's distribution-free confidence interval (the order statistics n/2 ± z·√n/2) over z, over
+    the median. A few samples far out (the first of a batch, launched by a host the scheduler kept
+    waiting; a stray kernel beside the timing) widen a mean's error, not this: the median, and whether
+    it is known well enough, are theirs only when they are many."""
+    n = len(samples)
+    if n < 2:
         return math.inf
-    mean = statistics.fmean(samples)
-    return statistics.stdev(samples) / math.sqrt(len(samples)) / mean if mean > 0 else math.inf
+    ordered = sorted(samples)
+    spread = z * math.sqrt(n) / 2
+    low, high = ordered[max(0, math.floor(n / 2 - spread))], ordered[min(n - 1, math.ceil(n / 2 + spread))]
+    median = statistics.median(ordered)
+    return (high - low) / (2 * z) / median if median > 0 else math.inf
