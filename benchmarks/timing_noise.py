@@ -18,7 +18,8 @@ first waits for the host's launches, the others queue behind the GPU), then repl
 rules over the same samples, as ``time_gpu`` applies them after every batch: the mean's relative
 standard error (before 2026-12-04) and the median's (``timing.median_rse``): the samples and the
 seconds each would have taken, and how far its figure is from the quiet run's median. Writes
-DIR/timing_noise.json and DIR/timing_noise.png (each condition's samples in order).
+DIR/timing_noise.json, DIR/timing_noise.png (each condition's samples in order) and every sample with its
+place in its batch, DIR/timing_noise_samples.json (MBs: the ReLU's are 100,000s).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def mean_rse(samples: list[float]) -> float:
     if len(samples) < 2:
         return math.inf
     mean = statistics.fmean(samples)
-    return statistics.stdev(samples) / math.sqrt(len(samples)) / mean
+    return statistics.stdev(samples) / math.sqrt(len(samples)) / mean if mean > 0 else math.inf
 
 
 def _spin() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import statistics
 
+import pytest
+
 from benchmarks.timing_noise import mean_rse, replay, summary
 from services.children.timing import median_rse
 
@@ -50,3 +52,10 @@ def test_the_replayed_rules_stop_where_time_gpu_would() -> None:
     assert abs(row["stop_median_rule"]["median_ms"] - 12) < 0.05
     assert row["first_of_batch_median_ms"] > 15 > row["others_median_ms"]
     assert replay(median_rse, run)["samples"] == 40
+
+
+def test_a_median_on_a_timer_tick_is_known_to_a_tick_not_exactly() -> None:
+    """Samples on two ticks, the middle ranks all on one: the median is that tick, and its error is a tick's."""
+    samples = [0.00384] * 10 + [0.00422] * 30  # the order statistics around the median: all 0.00422
+    assert median_rse(samples) == pytest.approx((0.00422 - 0.00384) / (2 * 1.96) / 0.00422)
+    assert median_rse([1.0] * 40) == 0.0  # nothing tells a tick apart: identical samples

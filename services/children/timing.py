@@ -7,7 +7,7 @@ method). Every batch ends with a device-wide synchronize and is also timed as a 
 candidate leaves on a side stream is still paid for: if the batch took longer than its samples
 account for, the per-call figure is taken from the batch instead. Batches repeat until the
 relative standard error of the samples' median (the figure reported; ``median_rse``) is below the
-target, or the budget runs out. How many
+target (with at least the floor of samples), at ``max_samples``, or when the budget runs out. How many
 calls that takes follows the kernel's time, as do_bench's time-based budgets do: a kernel of tens
 of ms is stable to well under a percent in ten samples, and every call of its timing holds the
 whole GPU (the device lock is exclusive), so its floor of samples and its batches are sized in
@@ -56,7 +56,7 @@ class Timing(TypedDict, total=False):
     std_ms: float
     min_ms: float
     samples: int
-    rse: float
+    rse: float  # the median's relative standard error (``median_rse``; the mean's before 2026-12-04)
     untimed_ms_per_call: float
     side_stream_work: bool
     method: str
@@ -190,12 +190,16 @@ def median_rse(samples: list[float], z: float = 1.96) -> float:
     the median's distribution-free confidence interval (the order statistics n/2 ± z·√n/2) over z, over
     the median. A few samples far out (the first of a batch, launched by a host the scheduler kept
     waiting; a stray kernel beside the timing) widen a mean's error, not this: the median, and whether
-    it is known well enough, are theirs only when they are many."""
+    it is known well enough, are theirs only when they are many. Under 8 samples the interval is the samples' whole range, which
+    says less than it seems: ``time_gpu`` never stops on it below its floor of 10."""
     n = len(samples)
     if n < 2:
         return math.inf
     ordered = sorted(samples)
     spread = z * math.sqrt(n) / 2
     low, high = ordered[max(0, math.floor(n / 2 - spread))], ordered[min(n - 1, math.ceil(n / 2 + spread))]
+    # Samples on a timer's ticks: where one tick holds the middle ranks the median is known to a tick, not exactly.
+    steps = [b - a for a, b in zip(ordered, ordered[1:]) if b > a]
+    width = max(high - low, min(steps, default=0.0))
     median = statistics.median(ordered)
-    return (high - low) / (2 * z) / median if median > 0 else math.inf
+    return width / (2 * z) / median if median > 0 else math.inf
