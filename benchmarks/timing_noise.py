@@ -47,11 +47,19 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from services.children.timing import BATCH_S, MIN_TIMED_S, TimedRun, median_rse  # noqa: E402
+from services.children.timing import (  # noqa: E402
+    BATCH,
+    BATCH_S,
+    BUDGET_S,
+    MAX_SAMPLES,
+    MIN_SAMPLES,
+    MIN_TIMED_S,
+    TARGET_RSE,
+    TimedRun,
+    median_rse,
+    stops,
+)
 
-TARGET_RSE = 0.005
-BUDGET_S = 10.0
-MAX_SAMPLES = 1000  # time_gpu's defaults, as the harness calls it
 CONDITIONS = ("quiet", "cpu", "warm_ups", "both")
 WARM_UP = "from reward_svc.harness.child import warm_up; warm_up('cuda')"
 
@@ -154,7 +162,7 @@ def problem_kernel(path: Path) -> tuple[str, Callable[[], Any], Callable[[int], 
 def sample(fn: Callable[[], Any], prepare: Callable[[int], None], seconds: float) -> dict[str, Any]:
     with torch.no_grad():
         run = TimedRun(fn, prepare=prepare)
-        min_samples, batch = run.sized(40, 20)
+        min_samples, batch = run.sized(MIN_SAMPLES, BATCH)
         ends_s = []  # wall seconds since sampling started, at each batch's end
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
@@ -168,7 +176,7 @@ def replay(rule: Callable[[list[float]], float], run: dict[str, Any]) -> dict[st
     batch, samples = run["batch"], run["samples"]
     for i, end_s in enumerate(run["ends_s"]):
         taken = samples[: (i + 1) * batch]
-        if end_s > BUDGET_S or (len(taken) >= run["min_samples"] and (rule(taken) <= TARGET_RSE or len(taken) >= MAX_SAMPLES)):
+        if stops(len(taken), rule(taken), end_s, run["min_samples"]):
             return {
                 "samples": len(taken),
                 "seconds": round(end_s, 3),

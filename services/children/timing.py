@@ -36,6 +36,10 @@ MIN_TIMED_S = 0.5  # the least GPU time of timed calls before the relative stand
 BATCH_S = 0.25  # a batch's GPU time at most, where its calls are long (the stop rule is checked per batch)
 WARMUP_S = 0.1  # warm-up calls past the first two stop here (cuDNN's choice and Triton's compile are in the first)
 FLOOR_SAMPLES = 10  # the fewest samples, however long the kernel
+MIN_SAMPLES, BATCH = 40, 20  # the floor of samples and the calls a batch, where the calls are short
+TARGET_RSE = 0.005  # the median's relative standard error that ends a timing
+MAX_SAMPLES = 1000
+BUDGET_S = 10.0  # a timing's wall seconds, past which its next batch is its last
 
 
 class TimedCheck(TypedDict):
@@ -71,11 +75,11 @@ def time_gpu(
     fn: Callable[[], Any],
     *,
     warmup: int = 5,
-    batch: int = 20,
-    min_samples: int = 40,
-    max_samples: int = 1000,
-    target_rse: float = 0.005,
-    budget_s: float = 10.0,
+    batch: int = BATCH,
+    min_samples: int = MIN_SAMPLES,
+    max_samples: int = MAX_SAMPLES,
+    target_rse: float = TARGET_RSE,
+    budget_s: float = BUDGET_S,
     prepare: Callable[[int], None] | None = None,
 ) -> Timing:
     run = TimedRun(fn, prepare=prepare, warmup=warmup)
@@ -83,11 +87,23 @@ def time_gpu(
     started = time.perf_counter()
     while True:
         run.batch(batch)
-        rse = median_rse(run.samples)
         elapsed = time.perf_counter() - started
-        # Every batch adds samples, so the budget alone may end the run (with at least one batch).
-        if elapsed > budget_s or (len(run.samples) >= min_samples and (rse <= target_rse or len(run.samples) >= max_samples)):
+        if stops(len(run.samples), median_rse(run.samples), elapsed, min_samples, target_rse, max_samples, budget_s):
             return run.timing()
+
+
+def stops(
+    samples: int,
+    rse: float,
+    elapsed_s: float,
+    min_samples: int,
+    target_rse: float = TARGET_RSE,
+    max_samples: int = MAX_SAMPLES,
+    budget_s: float = BUDGET_S,
+) -> bool:
+    """Whether a timing ends after the batch that brought it to ``samples``, ``elapsed_s`` into its run.
+    Every batch adds samples, so the budget alone may end the run (with at least one batch)."""
+    return elapsed_s > budget_s or (samples >= min_samples and (rse <= target_rse or samples >= max_samples))
 
 
 class TimedRun:
@@ -190,8 +206,8 @@ def median_rse(samples: list[float], z: float = 1.96) -> float:
     the median's distribution-free confidence interval (the order statistics n/2 ± z·√n/2) over z, over
     the median. A few samples far out (the first of a batch, launched by a host the scheduler kept
     waiting; a stray kernel beside the timing) widen a mean's error, not this: the median, and whether
-    it is known well enough, are theirs only when they are many. Under 8 samples the interval is the samples' whole range, which
-    says less than it seems: ``time_gpu`` never stops on it below its floor of 10."""
+    it is known well enough, are theirs only when they are many. Under 8 samples the interval is the
+    samples' whole range, which says less than it seems: ``time_gpu`` never stops on it below its floor of 10."""
     n = len(samples)
     if n < 2:
         return math.inf
