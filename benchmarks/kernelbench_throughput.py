@@ -262,9 +262,11 @@ def _load_rows(partial: Path) -> list[dict[str, Any]]:
 def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> dict[str, Any]:
     """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs."""
     from reward_svc.evaluate import Evaluator, warm_children
+    from services.config import get_settings
     from services.schemas.reward import ScoreOptions
 
-    evaluator = Evaluator()
+    # a worker with this many threads: its candidate slots are reward_parallel_children for each (evaluate.candidate_slots)
+    evaluator = Evaluator(get_settings().model_copy(update={"reward_gpu_concurrency": concurrency}))
     options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda")
     warmed = pool.wait_ready(timeout_s=300)
@@ -350,6 +352,7 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
         "median_waits_s": {
             "candidate_lock": _median(_phase(r, "candidate", "lock_wait") for r in rows),
             "reference_lock": _median(_phase(r, "reference", "lock_wait") for r in groups.values()),
+            "candidate_slot": _median(_waiting(r, "slot") for r in rows),
             "candidate_child": _median(_waiting(r, "child") for r in rows),
             "reference_child": _median(_waiting(r, "reference_child") for r in groups.values()),
         },

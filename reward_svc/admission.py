@@ -21,11 +21,19 @@ children of this worker ran too still runs again once one of them is done (``Dev
 memory was theirs, not a fault of the code under test. Host memory beyond the scratch files is not
 budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
 choice) and that child is run again the same way.
+
+Candidates take a child only with a slot (``CandidateSlots``): a worker's slots are shared by all
+its groups and granted oldest group first, so a group alone uses them all, and in a burst the
+first group finishes in about one candidate's time after its reference instead of every group
+sharing the machine evenly and all finishing late. A slot is taken before the bytes are reserved,
+so candidates waiting for a slot reserve nothing; slots are held only by candidates, so the
+reasoning above (candidates wait only for candidates) holds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import threading
 from collections.abc import Iterator
 
@@ -80,6 +88,39 @@ class ByteBudget:
         with self._changed:
             setattr(self, kind, getattr(self, kind) - nbytes)
             self._changed.notify_all()
+
+
+class CandidateSlots:
+    """A counting semaphore whose waiters are served in the order of their keys, lowest first
+    (``(group's arrival, candidate's index)``): ``threading.Semaphore`` wakes waiters in no set order."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free = size
+        self._waiting: list[tuple[int, int]] = []  # a heap of the keys waiting
+        self._changed = threading.Condition()
+
+    @property
+    def waiting(self) -> list[tuple[int, int]]:
+        """The keys in line, lowest first."""
+        with self._changed:
+            return sorted(self._waiting)
+
+    @contextlib.contextmanager
+    def take(self, key: tuple[int, int]) -> Iterator[None]:
+        """A slot for the candidate ``key`` (unique), once every key below it waiting has had one."""
+        with self._changed:
+            heapq.heappush(self._waiting, key)
+            self._changed.wait_for(lambda: self.free > 0 and self._waiting[0] == key)
+            heapq.heappop(self._waiting)
+            self.free -= 1
+            self._changed.notify_all()  # the next key in line may find a slot free too
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.free += 1
+                self._changed.notify_all()
 
 
 class DeviceUsers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import itertools
 import os
 import secrets
 import shutil
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from reward_svc.admission import ByteBudget, DeviceUsers, candidate_device_bytes
+from reward_svc.admission import ByteBudget, CandidateSlots, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
@@ -59,6 +60,8 @@ class Evaluator:
         self.exchange_budget = ByteBudget(self.exchange_max_bytes)
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
+        self._slots: dict[str, CandidateSlots] = {}  # per device: candidates at once across this worker's groups
+        self._arrivals = itertools.count()  # a group's place in line for slots: the oldest group's candidates go first
         self.redactor = Redactor(self.settings)
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
         threading.Thread(target=importlib.import_module, args=("reward_svc.verify",), name="import-judge", daemon=True).start()
@@ -90,6 +93,13 @@ class Evaluator:
                 self._device_memory = ByteBudget(self.settings.reward_device_memory_max_bytes or _device_capacity())
             return self._device_memory
 
+    def slots(self, device: str) -> CandidateSlots:
+        """The device's candidate slots, shared by the groups this worker evaluates at once."""
+        with self._pools_lock:
+            if device not in self._slots:
+                self._slots[device] = CandidateSlots(candidate_slots(self.settings, device))
+            return self._slots[device]
+
     def close(self) -> None:
         """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
         with self._pools_lock:
@@ -112,6 +122,7 @@ class Evaluator:
         # start pools.
         if not self._pools:
             self.pool(likely_device(options.device))
+        arrival = next(self._arrivals)
         device = resolve_device(options.device)
         verdicts: list[Verdict | None] = [None] * len(candidates)
         for i, source in enumerate(candidates):
@@ -138,14 +149,14 @@ class Evaluator:
 
             def run_one(i: int) -> None:
                 verdict = self._evaluate_candidate(
-                    candidates[i], device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance
+                    candidates[i], (arrival, i), device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance
                 )
                 seconds = verdict.details.setdefault("seconds", {})
                 seconds["reference"] = round(reference_s, 3)
                 seconds.setdefault("waiting", {}).update(ref_waits)
                 verdicts[i] = verdict
 
-            with ThreadPoolExecutor(max_workers=self.settings.reward_parallel_children) as executor:
+            with ThreadPoolExecutor(max_workers=len(pending)) as executor:  # they wait for slots (self.slots)
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
@@ -209,6 +220,7 @@ class Evaluator:
     def _evaluate_candidate(
         self,
         source: str,
+        place: tuple[int, int],
         device: str,
         options: ScoreOptions,
         seeds: dict[str, Any],
@@ -233,6 +245,9 @@ class Evaluator:
         for attempt in range(MEMORY_RETRIES + 1):
             started = time.perf_counter()
             with contextlib.ExitStack() as reservations:
+                # the slot first: a candidate waiting in line reserves no bytes other groups' candidates could use
+                reservations.enter_context(self.slots(device).take(place))
+                slotted = time.perf_counter()
                 reservations.enter_context(self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)))
                 admitted = time.perf_counter()
                 if device_memory is not None:
@@ -240,7 +255,8 @@ class Evaluator:
                 reserved = time.perf_counter()
                 child = self.pool(device).take()
                 waits = {
-                    "admission": round(admitted - started, 3),
+                    "slot": round(slotted - started, 3),
+                    "admission": round(admitted - slotted, 3),
                     "device_memory": round(reserved - admitted, 3),
                     "child": round(time.perf_counter() - reserved, 3),
                     "retries": round(started - first_started, 3),  # runs that ran out of device memory, and their waits
@@ -351,6 +367,13 @@ def _device_capacity() -> int:
     import torch
 
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
+
+
+def candidate_slots(settings: Settings, device: str) -> int:
+    """Candidates a worker evaluates at once: ``reward_parallel_children`` for each group it runs at
+    once (a GPU worker's threads, ``reward_gpu_concurrency``; one on the CPU, a process a group)."""
+    groups = settings.reward_gpu_concurrency if device == "cuda" else 1
+    return settings.reward_parallel_children * groups
 
 
 def warm_children(settings: Settings, device: str) -> int:

@@ -152,7 +152,13 @@ class Settings(BaseSettings):
         "On a GPU host point it at a tmpfs (/dev/shm, a memory-backed volume): every trial's tensors are written and read "
         "once, and on a disk GB-sized ones cost seconds each.",
     )
-    reward_parallel_children: int = Field(default=2, ge=1, description="Candidates of one group evaluated at once.")
+    reward_parallel_children: int = Field(
+        default=2,
+        ge=1,
+        description="Candidates evaluated at once per group a worker runs at once: its slots are this times "
+        "reward_gpu_concurrency on a GPU (this on the CPU), granted to its oldest group first, so a group alone may use "
+        "them all.",
+    )
     reward_outputs_in_flight: int = Field(
         default=1,
         ge=1,

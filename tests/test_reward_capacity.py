@@ -17,8 +17,8 @@ import pytest
 
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
-from reward_svc.admission import ByteBudget, DeviceUsers
-from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator
+from reward_svc.admission import ByteBudget, CandidateSlots, DeviceUsers
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, candidate_slots
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
 from services.children.device import likely_device
@@ -68,6 +68,7 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
     assert "2 of 3 correctness trials" in correct.details["trials_cut"]
     waits = correct.details["seconds"]["waiting"]
     assert set(waits) == {
+        "slot",
         "admission",
         "device_memory",
         "child",
@@ -236,6 +237,81 @@ def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, m
     assert result["status"] == "ok" and result["cases"] == 2 and len(result["rounding_noise"]) == 2
     assert sorted(p.name for p in (tmp_path / "exchange").iterdir()) == ["init_0.pt", "init_1.pt", "inputs_0.pt", "inputs_1.pt"]
     assert sorted(p.name for p in tmp_path.glob("expected_*.pt")) == ["expected_0.pt", "expected_1.pt"]
+
+
+def test_candidate_slots_go_to_the_lowest_key_waiting_whatever_the_order_it_came_in() -> None:
+    slots = CandidateSlots(2)
+    granted: list[tuple[int, int]] = []
+    release = {key: threading.Event() for key in [(0, 0), (0, 1), (2, 0), (1, 1), (1, 0), (2, 1), (0, 2)]}
+
+    def candidate(key: tuple[int, int]) -> None:
+        with slots.take(key):
+            granted.append(key)
+            release[key].wait(10)
+
+    threads = {key: threading.Thread(target=candidate, args=(key,), daemon=True) for key in release}
+    for key in [(0, 0), (0, 1)]:
+        threads[key].start()
+    _wait_until(lambda: len(granted) == 2)
+    for key in list(release)[2:]:  # the later keys queue in an order that is not theirs
+        threads[key].start()
+        _wait_until(lambda key=key: key in slots.waiting)
+    assert slots.free == 0 and len(slots.waiting) == 5
+    for n, key in enumerate(sorted(release)):
+        release[key].set()  # each slot freed goes to the lowest key still waiting
+        _wait_until(lambda n=n: len(granted) == min(len(release), n + 3))
+    assert granted == [(0, 0), (0, 1), *sorted(list(release)[2:])]
+    for thread in threads.values():
+        thread.join(5)
+    assert slots.free == 2 and slots.waiting == []
+
+
+def test_a_gpu_workers_slots_are_shared_by_its_groups_and_a_cpu_process_runs_one_group() -> None:
+    settings = Settings(reward_parallel_children=3, reward_gpu_concurrency=4)
+    assert candidate_slots(settings, "cuda") == 12  # a group alone may take all twelve
+    assert candidate_slots(settings, "cpu") == 3
+
+
+def test_the_older_groups_candidates_take_the_slots_first(kz_env: Callable[..., Settings]) -> None:
+    """Two groups of one worker, one slot (stood for by a slot this test holds until both have
+    queued): the first group's two candidates run before the second group's one, which came into
+    the line of slots between them."""
+    evaluator = Evaluator(kz_env(reward_warm_children=2, reward_parallel_children=1))
+    slots = evaluator.slots("cpu")
+    seen: list[list[tuple[int, int]]] = []
+    results: dict[str, Evaluation] = {}
+    options = ScoreOptions(device="cpu", timeout_s=120)
+
+    def group(name: str, candidates: list[str]) -> None:
+        results[name] = evaluator.evaluate_group(RELU_REFERENCE, candidates, options)
+
+    try:
+        with slots.take((-1, 0)):
+            first = threading.Thread(target=group, args=("first", [CORRECT, CORRECT]))
+            first.start()
+            _wait_until(lambda: slots.waiting == [(0, 0), (0, 1)], timeout_s=120)
+            second = threading.Thread(target=group, args=("second", [CORRECT]))
+            second.start()
+            _wait_until(lambda: len(slots.waiting) == 3, timeout_s=120)
+        while first.is_alive() or second.is_alive():
+            line = slots.waiting
+            if not seen or seen[-1] != line:
+                seen.append(line)
+            time.sleep(0.02)
+        assert seen[0] in ([(0, 0), (0, 1), (1, 0)], [(0, 1), (1, 0)]), seen
+        assert seen[-2:] == [[(1, 0)], []], seen  # the second group's candidate waited for both of the first's
+        assert [v.status for v in results["first"].verdicts + results["second"].verdicts] == ["correct"] * 3
+        slot_waits = [v.details["seconds"]["waiting"]["slot"] for v in results["first"].verdicts]
+        assert slot_waits[1] > slot_waits[0]  # the first group's second candidate waited for its first
+    finally:
+        evaluator.close()
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_device_users_tell_a_shortage_of_others_from_ones_own() -> None:
