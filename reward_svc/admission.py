@@ -23,17 +23,16 @@ budgeted: a GPU child has no address-space limit, so the host's OOM killer ends 
 choice) and that child is run again the same way.
 
 Candidates take a child only with a slot (``CandidateSlots``): a worker's slots are shared by all
-its groups and granted oldest group first, so a group alone uses them all, and in a burst the
-first group finishes in about one candidate's time after its reference instead of every group
-sharing the machine evenly and all finishing late. A slot is taken before the bytes are reserved,
+its groups, each free one going to the group running fewest (the oldest first), so under load the
+groups share them evenly and a group alone uses them all. A slot is taken before the bytes are reserved,
 so candidates waiting for a slot reserve nothing; slots are held only by candidates, so the
 reasoning above (candidates wait only for candidates) holds.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import heapq
 import threading
 from collections.abc import Iterator
 
@@ -91,13 +90,17 @@ class ByteBudget:
 
 
 class CandidateSlots:
-    """A counting semaphore whose waiters are served in the order of their keys, lowest first
-    (``(group's arrival, candidate's index)``): ``threading.Semaphore`` wakes waiters in no set order."""
+    """A worker's candidate slots, shared by its groups: a free slot goes to a candidate of the group
+    running fewest, the oldest such group first (keys ``(group's arrival, candidate's index)``). Under
+    load every group gets an even share, as a fixed number per group gave; a group alone, or beside
+    groups still running their references, uses the slots the others leave. ``threading.Semaphore``
+    wakes its waiters in no set order, so this is written out."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.free = size
-        self._waiting: list[tuple[int, int]] = []  # a heap of the keys waiting
+        self._waiting: set[tuple[int, int]] = set()
+        self._running: collections.Counter[int] = collections.Counter()  # slots held, by group
         self._changed = threading.Condition()
 
     @property
@@ -106,20 +109,28 @@ class CandidateSlots:
         with self._changed:
             return sorted(self._waiting)
 
+    def _next(self) -> tuple[int, int]:
+        return min(self._waiting, key=lambda key: (self._running[key[0]], key))
+
     @contextlib.contextmanager
     def take(self, key: tuple[int, int]) -> Iterator[None]:
-        """A slot for the candidate ``key`` (unique), once every key below it waiting has had one."""
+        """A slot for the candidate ``key`` (unique), once it is the next in line (above) and one is free."""
+        group = key[0]
         with self._changed:
-            heapq.heappush(self._waiting, key)
-            self._changed.wait_for(lambda: self.free > 0 and self._waiting[0] == key)
-            heapq.heappop(self._waiting)
+            self._waiting.add(key)
+            self._changed.wait_for(lambda: self.free > 0 and self._next() == key)
+            self._waiting.remove(key)
             self.free -= 1
-            self._changed.notify_all()  # the next key in line may find a slot free too
+            self._running[group] += 1
+            self._changed.notify_all()  # the next in line may find a slot free too
         try:
             yield
         finally:
             with self._changed:
                 self.free += 1
+                self._running[group] -= 1
+                if not self._running[group]:
+                    del self._running[group]
                 self._changed.notify_all()
 
 

@@ -61,7 +61,7 @@ class Evaluator:
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
         self._slots: dict[str, CandidateSlots] = {}  # per device: candidates at once across this worker's groups
-        self._arrivals = itertools.count()  # a group's place in line for slots: the oldest group's candidates go first
+        self._arrivals = itertools.count()  # a group's place in line for slots, among groups running as few
         self.redactor = Redactor(self.settings)
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
         threading.Thread(target=importlib.import_module, args=("reward_svc.verify",), name="import-judge", daemon=True).start()

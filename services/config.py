@@ -156,8 +156,8 @@ class Settings(BaseSettings):
         default=2,
         ge=1,
         description="Candidates evaluated at once per group a worker runs at once: its slots are this times "
-        "reward_gpu_concurrency on a GPU (this on the CPU), granted to its oldest group first, so a group alone may use "
-        "them all.",
+        "reward_gpu_concurrency on a GPU (this on the CPU), each free one going to the group running fewest, so under load "
+        "the groups share them evenly and a group alone may use them all.",
     )
     reward_outputs_in_flight: int = Field(
         default=1,

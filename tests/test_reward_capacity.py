@@ -239,7 +239,7 @@ def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, m
     assert sorted(p.name for p in tmp_path.glob("expected_*.pt")) == ["expected_0.pt", "expected_1.pt"]
 
 
-def test_candidate_slots_go_to_the_lowest_key_waiting_whatever_the_order_it_came_in() -> None:
+def test_a_free_slot_goes_to_the_group_running_fewest_then_to_the_oldest() -> None:
     slots = CandidateSlots(2)
     granted: list[tuple[int, int]] = []
     release = {key: threading.Event() for key in [(0, 0), (0, 1), (2, 0), (1, 1), (1, 0), (2, 1), (0, 2)]}
@@ -250,17 +250,18 @@ def test_candidate_slots_go_to_the_lowest_key_waiting_whatever_the_order_it_came
             release[key].wait(10)
 
     threads = {key: threading.Thread(target=candidate, args=(key,), daemon=True) for key in release}
-    for key in [(0, 0), (0, 1)]:
+    for key in [(0, 0), (0, 1)]:  # group 0 alone: it takes both
         threads[key].start()
     _wait_until(lambda: len(granted) == 2)
-    for key in list(release)[2:]:  # the later keys queue in an order that is not theirs
+    for key in list(release)[2:]:  # the others queue in an order that is not their keys'
         threads[key].start()
         _wait_until(lambda key=key: key in slots.waiting)
     assert slots.free == 0 and len(slots.waiting) == 5
-    for n, key in enumerate(sorted(release)):
-        release[key].set()  # each slot freed goes to the lowest key still waiting
+    for n in range(len(release)):
+        release[granted[n]].set()  # the longest-held slot frees, and goes to the next in line
         _wait_until(lambda n=n: len(granted) == min(len(release), n + 3))
-    assert granted == [(0, 0), (0, 1), *sorted(list(release)[2:])]
+    # group 1 (none running) before group 0's third; then group 0 and 1 with one each, group 2 with none
+    assert granted == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0), (2, 1)]
     for thread in threads.values():
         thread.join(5)
     assert slots.free == 2 and slots.waiting == []
@@ -272,11 +273,11 @@ def test_a_gpu_workers_slots_are_shared_by_its_groups_and_a_cpu_process_runs_one
     assert candidate_slots(settings, "cpu") == 3
 
 
-def test_the_older_groups_candidates_take_the_slots_first(kz_env: Callable[..., Settings]) -> None:
-    """Two groups of one worker, one slot (stood for by a slot this test holds until both have
-    queued): the first group's two candidates run before the second group's one, which came into
-    the line of slots between them."""
-    evaluator = Evaluator(kz_env(reward_warm_children=2, reward_parallel_children=1))
+def test_groups_of_one_worker_share_its_slots(kz_env: Callable[..., Settings]) -> None:
+    """Two groups of one worker, two slots (held by this test until both groups have queued): the
+    first group's first candidate and the second group's one, which has none running, take them
+    before the first group's other two."""
+    evaluator = Evaluator(kz_env(reward_warm_children=2, reward_parallel_children=2))
     slots = evaluator.slots("cpu")
     seen: list[list[tuple[int, int]]] = []
     results: dict[str, Evaluation] = {}
@@ -286,23 +287,22 @@ def test_the_older_groups_candidates_take_the_slots_first(kz_env: Callable[..., 
         results[name] = evaluator.evaluate_group(RELU_REFERENCE, candidates, options)
 
     try:
-        with slots.take((-1, 0)):
-            first = threading.Thread(target=group, args=("first", [CORRECT, CORRECT]))
+        with slots.take((-1, 0)), slots.take((-1, 1)):
+            first = threading.Thread(target=group, args=("first", [CORRECT] * 3))
             first.start()
-            _wait_until(lambda: slots.waiting == [(0, 0), (0, 1)], timeout_s=120)
+            _wait_until(lambda: slots.waiting == [(0, 0), (0, 1), (0, 2)], timeout_s=120)
             second = threading.Thread(target=group, args=("second", [CORRECT]))
             second.start()
-            _wait_until(lambda: len(slots.waiting) == 3, timeout_s=120)
+            _wait_until(lambda: len(slots.waiting) == 4, timeout_s=120)
         while first.is_alive() or second.is_alive():
             line = slots.waiting
             if not seen or seen[-1] != line:
                 seen.append(line)
             time.sleep(0.02)
-        assert seen[0] in ([(0, 0), (0, 1), (1, 0)], [(0, 1), (1, 0)]), seen
-        assert seen[-2:] == [[(1, 0)], []], seen  # the second group's candidate waited for both of the first's
-        assert [v.status for v in results["first"].verdicts + results["second"].verdicts] == ["correct"] * 3
-        slot_waits = [v.details["seconds"]["waiting"]["slot"] for v in results["first"].verdicts]
-        assert slot_waits[1] > slot_waits[0]  # the first group's second candidate waited for its first
+        assert seen[-3:] == [[(0, 1), (0, 2)], [(0, 2)], []], seen
+        assert [v.status for v in results["first"].verdicts + results["second"].verdicts] == ["correct"] * 4
+        waits = [v.details["seconds"]["waiting"]["slot"] for v in results["first"].verdicts + results["second"].verdicts]
+        assert max(waits[0], waits[3]) < min(waits[1], waits[2])  # the first group's others waited for those two
     finally:
         evaluator.close()
 
