@@ -132,7 +132,7 @@ class Evaluator:
             return Evaluation([v for v in verdicts if v is not None], device)
 
         seeds = _secret_seeds()
-        ref_child, outcome, ref_result, reference_s, ref_waits = self._run_reference(reference, device, options, seeds)
+        ref_child, outcome, ref_result, reference_s, ref_waits = self._run_reference(reference, arrival, device, options, seeds)
         with contextlib.ExitStack() as group:
             group.enter_context(self.exchange_budget.hold(ref_result.get("files_bytes", 0) if ref_result else 0))
             group.callback(ref_child.discard)  # its files go before the hold on them does
@@ -161,11 +161,12 @@ class Evaluator:
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
     def _run_reference(
-        self, reference: str, device: str, options: ScoreOptions, seeds: dict[str, Any]
+        self, reference: str, arrival: int, device: str, options: ScoreOptions, seeds: dict[str, Any]
     ) -> tuple[Child, SandboxResult, ReferenceResult | None, float, dict[str, float]]:
         """The reference child, run again while the scratch filesystem has no room for its files yet,
         or after it ran out of device memory that other children held; (child, outcome, result,
-        seconds, waits) of its last run."""
+        seconds, waits) of its last run. It runs in a slot, ahead of its group's candidates, after the
+        waits for room (a slot waiting for room would idle)."""
         memory_retries = 0
         first_started = time.perf_counter()
         while True:
@@ -175,31 +176,34 @@ class Evaluator:
             if device_memory is not None:  # its own peak is unknown until it ran: it waits for room, reserves none
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
-            ref_child = self.pool(device).take()
-            ref_waits = {
-                "reference_admission": round(admitted - started, 3),
-                "reference_child": round(time.perf_counter() - admitted, 3),
-                "reference_retries": round(started - first_started, 3),  # runs that found no room or memory, and their waits
-            }
-            (ref_child.workdir / "reference.py").write_text(reference)
-            ref_spec: ReferenceSpec = {
-                "role": "reference",
-                "reference_path": str(ref_child.workdir / "reference.py"),
-                "device": device,
-                "trials": options.trials,
-                "input_seed": seeds["input"],
-                "weight_seeds": seeds["weights"],
-                "time": options.measure_speed and device == "cuda",
-                "time_compiled": options.time_compiled,
-                "timing_budget_s": options.timing_budget_s,
-                "exchange_max_bytes": self.exchange_max_bytes,
-                "atol": options.atol,
-                "rtol": options.rtol,
-                "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
-            }
-            started = time.perf_counter()
-            with self.device_users.use() as seen:
-                outcome, answer = ref_child.run(ref_spec, wall_timeout_s=options.timeout_s)
+            with self.slots(device).take((arrival, -1)):
+                slotted = time.perf_counter()
+                ref_child = self.pool(device).take()
+                ref_waits = {
+                    "reference_admission": round(admitted - started, 3),
+                    "reference_slot": round(slotted - admitted, 3),
+                    "reference_child": round(time.perf_counter() - slotted, 3),
+                    "reference_retries": round(started - first_started, 3),  # runs that found no room or memory, and their waits
+                }
+                (ref_child.workdir / "reference.py").write_text(reference)
+                ref_spec: ReferenceSpec = {
+                    "role": "reference",
+                    "reference_path": str(ref_child.workdir / "reference.py"),
+                    "device": device,
+                    "trials": options.trials,
+                    "input_seed": seeds["input"],
+                    "weight_seeds": seeds["weights"],
+                    "time": options.measure_speed and device == "cuda",
+                    "time_compiled": options.time_compiled,
+                    "timing_budget_s": options.timing_budget_s,
+                    "exchange_max_bytes": self.exchange_max_bytes,
+                    "atol": options.atol,
+                    "rtol": options.rtol,
+                    "scratch_min_free_bytes": self.settings.reward_scratch_min_free_bytes,
+                }
+                started = time.perf_counter()
+                with self.device_users.use() as seen:
+                    outcome, answer = ref_child.run(ref_spec, wall_timeout_s=options.timeout_s)
             ref_result = cast(ReferenceResult | None, answer)
             reference_s = time.perf_counter() - started
             # a child the OOM killer ended is short of memory like one that ran out of device memory
