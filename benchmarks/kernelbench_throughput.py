@@ -265,8 +265,8 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
     from services.config import get_settings
     from services.schemas.reward import ScoreOptions
 
-    # a worker with this many threads: its candidate slots are reward_parallel_children for each (evaluate.candidate_slots)
-    evaluator = Evaluator(get_settings().model_copy(update={"reward_gpu_concurrency": concurrency}))
+    # a GPU worker with this many threads: its slots are reward_parallel_children for each (evaluate.candidate_slots)
+    evaluator = Evaluator(get_settings().model_copy(update={"reward_gpu_concurrency": concurrency, "gpu_devices": [0]}))
     options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda")
     warmed = pool.wait_ready(timeout_s=300)

@@ -22,11 +22,13 @@ memory was theirs, not a fault of the code under test. Host memory beyond the sc
 budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
 choice) and that child is run again the same way.
 
-Candidates take a child only with a slot (``CandidateSlots``): a worker's slots are shared by all
-its groups, each free one going to the group running fewest (the oldest first), so under load the
-groups share them evenly and a group alone uses them all. A slot is taken before the bytes are reserved,
-so candidates waiting for a slot reserve nothing; slots are held only by candidates, so the
-reasoning above (candidates wait only for candidates) holds.
+References and candidates take a child only with a slot (``CandidateSlots``): a worker's slots are
+shared by all its groups, each free one going to the group running fewest (the oldest first), so
+under load the groups share them evenly and a group alone uses them all. A candidate takes its slot
+before it reserves bytes, so one in line reserves nothing; a reference takes its slot after the wait
+for room, and checks the room again once it has the slot (the wait in line may have been long),
+giving the slot back to wait again if there is none. A slot holder waits only for other holders
+(byte reservations) or for its own child, so the reasoning above holds.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class ByteBudget:
     @property
     def in_use(self) -> int:
         return self.held + self.reserved
+
+    def has_room(self) -> bool:
+        """Whether a reference may start now: the bytes in use are below the budget."""
+        with self._changed:
+            return self.in_use < self.capacity
 
     def wait_for_room(self) -> None:
         """Before a reference runs: until the bytes in use are below the budget."""
@@ -90,11 +97,11 @@ class ByteBudget:
 
 
 class CandidateSlots:
-    """A worker's candidate slots, shared by its groups: a free slot goes to a candidate of the group
-    running fewest, the oldest such group first (keys ``(group's arrival, candidate's index)``). Under
-    load every group gets an even share, as a fixed number per group gave; a group alone, or beside
-    groups still running their references, uses the slots the others leave. ``threading.Semaphore``
-    wakes its waiters in no set order, so this is written out."""
+    """A worker's slots for evaluation children, shared by its groups: a free slot goes to the waiting
+    key of the group running fewest, the lowest key first (``(group's arrival, index)``, a reference's
+    index -1, so it goes before its candidates). Under load every group gets an even share, as a fixed
+    number per group gave; a group alone, or beside groups waiting for scratch room, uses the slots the
+    others leave. ``threading.Semaphore`` wakes its waiters in no set order, so this is written out."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -114,24 +121,29 @@ class CandidateSlots:
 
     @contextlib.contextmanager
     def take(self, key: tuple[int, int]) -> Iterator[None]:
-        """A slot for the candidate ``key`` (unique), once it is the next in line (above) and one is free."""
+        """A slot for ``key`` (unique), once it is the next in line (above) and one is free."""
         group = key[0]
-        with self._changed:
-            self._waiting.add(key)
-            self._changed.wait_for(lambda: self.free > 0 and self._next() == key)
-            self._waiting.remove(key)
-            self.free -= 1
-            self._running[group] += 1
-            self._changed.notify_all()  # the next in line may find a slot free too
+        granted = False
         try:
+            with self._changed:
+                self._waiting.add(key)
+                try:
+                    self._changed.wait_for(lambda: self.free > 0 and self._next() == key)
+                    self.free -= 1
+                    self._running[group] += 1
+                    granted = True
+                finally:  # granted or interrupted (a time limit raised in the thread), the key leaves the line
+                    self._waiting.discard(key)
+                    self._changed.notify_all()  # the next in line may find a slot free too
             yield
         finally:
-            with self._changed:
-                self.free += 1
-                self._running[group] -= 1
-                if not self._running[group]:
-                    del self._running[group]
-                self._changed.notify_all()
+            if granted:
+                with self._changed:
+                    self.free += 1
+                    self._running[group] -= 1
+                    if not self._running[group]:
+                        del self._running[group]
+                    self._changed.notify_all()
 
 
 class DeviceUsers:

@@ -60,7 +60,7 @@ class Evaluator:
         self.exchange_budget = ByteBudget(self.exchange_max_bytes)
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
-        self._slots: dict[str, CandidateSlots] = {}  # per device: candidates at once across this worker's groups
+        self.slots = CandidateSlots(candidate_slots(self.settings))  # children at once, across this worker's groups
         self._arrivals = itertools.count()  # a group's place in line for slots, among groups running as few
         self.redactor = Redactor(self.settings)
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
@@ -92,13 +92,6 @@ class Evaluator:
             if self._device_memory is None:
                 self._device_memory = ByteBudget(self.settings.reward_device_memory_max_bytes or _device_capacity())
             return self._device_memory
-
-    def slots(self, device: str) -> CandidateSlots:
-        """The device's candidate slots, shared by the groups this worker evaluates at once."""
-        with self._pools_lock:
-            if device not in self._slots:
-                self._slots[device] = CandidateSlots(candidate_slots(self.settings, device))
-            return self._slots[device]
 
     def close(self) -> None:
         """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
@@ -156,7 +149,8 @@ class Evaluator:
                 seconds.setdefault("waiting", {}).update(ref_waits)
                 verdicts[i] = verdict
 
-            with ThreadPoolExecutor(max_workers=len(pending)) as executor:  # they wait for slots (self.slots)
+            # each waits for a slot (self.slots); no more threads than a group could ever have slots
+            with ThreadPoolExecutor(max_workers=min(len(pending), self.slots.size)) as executor:
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
@@ -176,7 +170,9 @@ class Evaluator:
             if device_memory is not None:  # its own peak is unknown until it ran: it waits for room, reserves none
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
-            with self.slots(device).take((arrival, -1)):
+            with self.slots.take((arrival, -1)):
+                if not (self.exchange_budget.has_room() and (device_memory is None or device_memory.has_room())):
+                    continue  # others took the room while it waited in line: the slot goes back, it waits for room again
                 slotted = time.perf_counter()
                 ref_child = self.pool(device).take()
                 ref_waits = {
@@ -250,7 +246,7 @@ class Evaluator:
             started = time.perf_counter()
             with contextlib.ExitStack() as reservations:
                 # the slot first: a candidate waiting in line reserves no bytes other groups' candidates could use
-                reservations.enter_context(self.slots(device).take(place))
+                reservations.enter_context(self.slots.take(place))
                 slotted = time.perf_counter()
                 reservations.enter_context(self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)))
                 admitted = time.perf_counter()
@@ -373,10 +369,11 @@ def _device_capacity() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
 
 
-def candidate_slots(settings: Settings, device: str) -> int:
-    """Candidates a worker evaluates at once: ``reward_parallel_children`` for each group it runs at
-    once (a GPU worker's threads, ``reward_gpu_concurrency``; one on the CPU, a process a group)."""
-    groups = settings.reward_gpu_concurrency if device == "cuda" else 1
+def candidate_slots(settings: Settings) -> int:
+    """Evaluation children a worker process runs at once: ``reward_parallel_children`` for each group it
+    runs at once (a GPU worker's Celery threads, ``reward_gpu_concurrency``; a CPU worker's process runs
+    one: services/cli/launcher.py)."""
+    groups = settings.reward_gpu_concurrency if settings.gpu_devices else 1
     return settings.reward_parallel_children * groups
 
 

@@ -155,9 +155,10 @@ class Settings(BaseSettings):
     reward_parallel_children: int = Field(
         default=2,
         ge=1,
-        description="Candidates evaluated at once per group a worker runs at once: its slots are this times "
-        "reward_gpu_concurrency on a GPU (this on the CPU), each free one going to the group running fewest, so under load "
-        "the groups share them evenly and a group alone may use them all.",
+        description="Evaluation children per group a worker process runs at once: its slots are this times "
+        "reward_gpu_concurrency on a GPU worker (gpu_devices set), this elsewhere, shared by its groups' references and "
+        "candidates, each free one going to the group running fewest, so under load the groups share them evenly and a "
+        "group alone may use them all.",
     )
     reward_outputs_in_flight: int = Field(
         default=1,
