@@ -36,7 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class ByteBudget:
@@ -51,6 +51,11 @@ class ByteBudget:
     @property
     def in_use(self) -> int:
         return self.held + self.reserved
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``reserve(nbytes)`` would not wait now."""
+        with self._changed:
+            return self.reserved == 0 or self.reserved + nbytes <= self.capacity
 
     def has_room(self) -> bool:
         """Whether a reference may start now: the bytes in use are below the budget."""
@@ -83,7 +88,7 @@ class ByteBudget:
     def reserve(self, nbytes: int) -> Iterator[None]:
         """A candidate's bytes, before its child runs; one larger than the capacity waits for none reserved."""
         with self._changed:
-            self._changed.wait_for(lambda: self.reserved == 0 or self.reserved + nbytes <= self.capacity)
+            self._changed.wait_for(lambda: self.fits(nbytes))
             self.reserved += nbytes
         try:
             yield
@@ -101,14 +106,27 @@ class CandidateSlots:
     key of the group running fewest, the lowest key first (``(group's arrival, index)``, a reference's
     index -1, so it goes before its candidates). Under load every group gets an even share, as a fixed
     number per group gave; a group alone, or beside groups waiting for scratch room, uses the slots the
-    others leave. ``threading.Semaphore`` wakes its waiters in no set order, so this is written out."""
+    others leave, but a slot beyond its even share only while its child's device memory fits: a
+    candidate in a slot waiting for memory idles the slot. ``threading.Semaphore`` wakes its waiters in
+    no set order, so this is written out."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.free = size
-        self._waiting: set[tuple[int, int]] = set()
+        self._waiting: dict[tuple[int, int], Callable[[], bool] | None] = {}  # key: whether its memory fits now
         self._running: collections.Counter[int] = collections.Counter()  # slots held, by group
         self._changed = threading.Condition()
+
+    @property
+    def free(self) -> int:
+        """Slots neither held nor over the size (negative while a smaller size waits for releases)."""
+        with self._changed:
+            return self.size - sum(self._running.values())
+
+    def resize(self, size: int) -> None:
+        """A new number of slots: more wake the line; fewer take effect as holders release theirs."""
+        with self._changed:
+            self.size = size
+            self._changed.notify_all()
 
     @property
     def waiting(self) -> list[tuple[int, int]]:
@@ -116,30 +134,34 @@ class CandidateSlots:
         with self._changed:
             return sorted(self._waiting)
 
-    def _next(self) -> tuple[int, int]:
-        return min(self._waiting, key=lambda key: (self._running[key[0]], key))
+    def _next(self) -> tuple[int, int] | None:
+        """The key a free slot goes to: of the group running fewest, the lowest, among those within their
+        group's even share or whose memory fits; None where none is."""
+        groups = {group for group, _ in self._waiting} | set(self._running)
+        share = max(1, self.size // len(groups))
+        eligible = [key for key, fits in self._waiting.items() if self._running[key[0]] < share or fits is None or fits()]
+        return min(eligible, key=lambda key: (self._running[key[0]], key), default=None)
 
     @contextlib.contextmanager
-    def take(self, key: tuple[int, int]) -> Iterator[None]:
-        """A slot for ``key`` (unique), once it is the next in line (above) and one is free."""
+    def take(self, key: tuple[int, int], fits: Callable[[], bool] | None = None) -> Iterator[None]:
+        """A slot for ``key`` (unique), once it is the next in line (above) and one is free; ``fits``:
+        whether the child's device memory fits now (None: nothing to fit)."""
         group = key[0]
         granted = False
         try:
             with self._changed:
-                self._waiting.add(key)
+                self._waiting[key] = fits
                 try:
                     self._changed.wait_for(lambda: self.free > 0 and self._next() == key)
-                    self.free -= 1
                     self._running[group] += 1
                     granted = True
                 finally:  # granted or interrupted (a time limit raised in the thread), the key leaves the line
-                    self._waiting.discard(key)
+                    self._waiting.pop(key, None)
                     self._changed.notify_all()  # the next in line may find a slot free too
             yield
         finally:
             if granted:
                 with self._changed:
-                    self.free += 1
                     self._running[group] -= 1
                     if not self._running[group]:
                         del self._running[group]

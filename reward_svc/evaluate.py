@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,8 @@ class Evaluator:
         self.exchange_budget = ByteBudget(self.exchange_max_bytes)
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
-        self.slots = CandidateSlots(candidate_slots(self.settings))  # children at once, across this worker's groups
+        self.slots = CandidateSlots(candidate_slots(self.settings, 0))  # children at once, across this worker's groups
+        self._groups_in_flight = 0
         self._arrivals = itertools.count()  # a group's place in line for slots, among groups running as few
         self.redactor = Redactor(self.settings)
         # The judge's module imports torch (seconds): loaded beside the children's warm-up, not after the reference ran.
@@ -93,6 +95,20 @@ class Evaluator:
                 self._device_memory = ByteBudget(self.settings.reward_device_memory_max_bytes or _device_capacity())
             return self._device_memory
 
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """A group counted in flight: a caller running more groups at once than the worker is sized for (the
+        Coder's eval with --concurrency, tests) gets its slots for each, as a fixed number per group gave."""
+        with self._pools_lock:
+            self._groups_in_flight += 1
+            self.slots.resize(candidate_slots(self.settings, self._groups_in_flight))
+        try:
+            yield
+        finally:
+            with self._pools_lock:
+                self._groups_in_flight -= 1
+                self.slots.resize(candidate_slots(self.settings, self._groups_in_flight))
+
     def close(self) -> None:
         """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
         with self._pools_lock:
@@ -104,7 +120,8 @@ class Evaluator:
     def evaluate_group(self, reference: str, candidates: list[str], options: ScoreOptions) -> Evaluation:
         """One verdict per candidate, in order; every verdict bounded and with the platform's secrets
         taken out (redact.py) before it leaves."""
-        evaluation = self._evaluate_group(reference, candidates, options)
+        with self._in_flight():
+            evaluation = self._evaluate_group(reference, candidates, options)
         evaluation.verdicts = [self.redactor.verdict(v) for v in evaluation.verdicts]
         return evaluation
 
@@ -246,7 +263,8 @@ class Evaluator:
             started = time.perf_counter()
             with contextlib.ExitStack() as reservations:
                 # the slot first: a candidate waiting in line reserves no bytes other groups' candidates could use
-                reservations.enter_context(self.slots.take(place))
+                fits = None if device_memory is None else functools.partial(device_memory.fits, device_bytes)
+                reservations.enter_context(self.slots.take(place, fits))
                 slotted = time.perf_counter()
                 reservations.enter_context(self.exchange_budget.reserve(at_once * ref_result.get("output_bytes", 0)))
                 admitted = time.perf_counter()
@@ -369,12 +387,12 @@ def _device_capacity() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
 
 
-def candidate_slots(settings: Settings) -> int:
+def candidate_slots(settings: Settings, groups_in_flight: int) -> int:
     """Evaluation children a worker process runs at once: ``reward_parallel_children`` for each group it
-    runs at once (a GPU worker's Celery threads, ``reward_gpu_concurrency``; a CPU worker's process runs
-    one: services/cli/launcher.py)."""
-    groups = settings.reward_gpu_concurrency if settings.gpu_devices else 1
-    return settings.reward_parallel_children * groups
+    is sized to run at once (a GPU worker's Celery threads, ``reward_gpu_concurrency``; a CPU worker's
+    process runs one: services/cli/launcher.py), or for each group in flight where there are more."""
+    sized_for = settings.reward_gpu_concurrency if settings.gpu_devices else 1
+    return settings.reward_parallel_children * max(sized_for, groups_in_flight)
 
 
 def warm_children(settings: Settings, device: str) -> int:

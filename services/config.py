@@ -156,9 +156,9 @@ class Settings(BaseSettings):
         default=2,
         ge=1,
         description="Evaluation children per group a worker process runs at once: its slots are this times "
-        "reward_gpu_concurrency on a GPU worker (gpu_devices set), this elsewhere, shared by its groups' references and "
-        "candidates, each free one going to the group running fewest, so under load the groups share them evenly and a "
-        "group alone may use them all.",
+        "reward_gpu_concurrency on a GPU worker (gpu_devices set), this elsewhere, or this times the groups in flight where "
+        "more run; shared by its groups' references and candidates, each free one going to the group running fewest, so "
+        "under load the groups share them evenly and a group alone may use them all.",
     )
     reward_outputs_in_flight: int = Field(
         default=1,

@@ -3,6 +3,7 @@ large runs fewer correctness cases, and candidates whose outputs would fill the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -269,9 +270,48 @@ def test_a_free_slot_goes_to_the_group_running_fewest_then_to_the_oldest() -> No
     assert slots.free == 2 and slots.waiting == []
 
 
+def test_a_slot_beyond_a_groups_even_share_waits_until_its_device_memory_fits() -> None:
+    """Five slots, two groups: each group's even share is two. Group 0 holds two, so its third
+    candidate, which does not fit the device memory, leaves the free slots free; group 1's candidate,
+    within its share, goes though it does not fit either (it waits for memory in its slot, as before).
+    Once the memory fits, group 0's third goes beyond its share."""
+    slots = CandidateSlots(5)
+    fits = {"memory": False}
+    granted: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def candidate(key: tuple[int, int]) -> None:
+        with slots.take(key, lambda: fits["memory"]):
+            granted.append(key)
+            done.wait(10)
+
+    with contextlib.ExitStack() as group_0:
+        for key in [(0, 0), (0, 1)]:
+            group_0.enter_context(slots.take(key))
+        with slots.take((1, -1)):  # group 1's reference
+            extra = threading.Thread(target=candidate, args=((0, 2),), daemon=True)
+            extra.start()
+            _wait_until(lambda: (0, 2) in slots.waiting)
+            time.sleep(0.2)
+            assert granted == [] and slots.free == 2
+            within_share = threading.Thread(target=candidate, args=((1, 0),), daemon=True)
+            within_share.start()
+            _wait_until(lambda: granted == [(1, 0)])
+            time.sleep(0.2)
+            assert granted == [(1, 0)] and slots.free == 1
+            fits["memory"] = True
+        _wait_until(lambda: granted == [(1, 0), (0, 2)])  # the reference's release woke the line; it fits now
+        done.set()
+        for thread in (extra, within_share):
+            thread.join(5)
+    assert slots.free == 5 and slots.waiting == []
+
+
 def test_a_gpu_workers_slots_are_shared_by_its_groups_and_a_cpu_process_runs_one_group() -> None:
-    assert candidate_slots(Settings(reward_parallel_children=3, reward_gpu_concurrency=4, gpu_devices=[0])) == 12
-    assert candidate_slots(Settings(reward_parallel_children=3, reward_gpu_concurrency=4)) == 3
+    gpu_worker = Settings(reward_parallel_children=3, reward_gpu_concurrency=4, gpu_devices=[0])
+    assert candidate_slots(gpu_worker, 1) == 12  # a group alone may take all twelve
+    assert candidate_slots(gpu_worker, 6) == 18  # a caller with more groups at once gets three for each
+    assert candidate_slots(Settings(reward_parallel_children=3, reward_gpu_concurrency=4), 1) == 3
 
 
 def test_a_take_interrupted_in_line_leaves_the_line() -> None:
@@ -297,10 +337,11 @@ def test_a_take_interrupted_in_line_leaves_the_line() -> None:
 def test_references_and_candidates_of_a_workers_groups_share_its_slots(
     kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two groups of one worker, two slots, held by this test until both groups' references are in
-    line for them: a reference runs in a slot as its candidates do, so no more than two children of
-    the worker ever run at once. (Which group a free slot goes to: the test above.)"""
-    evaluator = Evaluator(kz_env(reward_warm_children=2, reward_parallel_children=2))
+    """A CPU worker's process with one child a group: its slots are one for each group in flight. With
+    a slot held by this test, the first group's reference waits in line for it; the second group's
+    arrival adds a slot, which the first reference takes, and the second reference waits for the held
+    one. A reference runs in a slot as its candidates do, so no more children than slots ever run."""
+    evaluator = Evaluator(kz_env(reward_warm_children=2, reward_parallel_children=1))
     slots = evaluator.slots
     results: dict[str, Evaluation] = {}
     options = ScoreOptions(device="cpu", timeout_s=120)
@@ -323,22 +364,24 @@ def test_references_and_candidates_of_a_workers_groups_share_its_slots(
         results[name] = evaluator.evaluate_group(RELU_REFERENCE, candidates, options)
 
     try:
-        with slots.take((-1, 0)), slots.take((-1, 1)):
+        with slots.take((-1, 0)):
             first = threading.Thread(target=group, args=("first", [CORRECT] * 3))
             first.start()
             _wait_until(lambda: slots.waiting == [(0, -1)], timeout_s=120)
+            assert slots.size == 1 and peak[0] == 0
             second = threading.Thread(target=group, args=("second", [CORRECT]))
             second.start()
-            _wait_until(lambda: slots.waiting == [(0, -1), (1, -1)], timeout_s=120)
+            _wait_until(lambda: (1, -1) in slots.waiting and (0, -1) not in slots.waiting, timeout_s=120)
+            assert slots.size == 2
             time.sleep(0.5)
-            assert peak[0] == 0
         first.join(300)
         second.join(300)
         verdicts = results["first"].verdicts + results["second"].verdicts
         assert [v.status for v in verdicts] == ["correct"] * 4
-        assert all(v.details["seconds"]["waiting"]["reference_slot"] >= 0.5 for v in verdicts)  # behind the held slots
+        assert results["first"].verdicts[0].details["seconds"]["waiting"]["reference_slot"] > 0
+        assert results["second"].verdicts[0].details["seconds"]["waiting"]["reference_slot"] >= 0.5  # behind the held slot
         assert peak[0] == 2  # two at once (the slots), never a third beside them
-        assert slots.free == 2 and slots.waiting == []
+        assert slots.size == 1 and slots.free == 1 and slots.waiting == []
     finally:
         evaluator.close()
 
