@@ -65,7 +65,7 @@ class ByteBudget:
     def wait_for_room(self) -> None:
         """Before a reference runs: until the bytes in use are below the budget."""
         with self._changed:
-            self._changed.wait_for(lambda: self.in_use < self.capacity)
+            self._changed.wait_for(self.has_room)
 
     def wait_for_release(self, timeout_s: float) -> bool:
         """After a reference found no room on the filesystem: until some files in use go (True), or
