@@ -336,3 +336,60 @@ def test_a_candidates_constructor_runs_before_any_case_inputs_exist(tmp_path: Pa
     result = json.loads(done.stdout.strip().splitlines()[-1])["sides"]["candidate"]
     assert result["status"] == "ok", result["reason"]
     assert result["phases"]["model"] >= 0 and result["phases"]["trials"] > 0  # built outside the holds, then run
+
+
+@pytest.mark.parametrize(("seats", "most_at_once"), [(0, 4), (1, 1), (2, 2)])
+def test_correctness_holds_beyond_the_seats_wait_for_one(tmp_path: Path, seats: int, most_at_once: int) -> None:
+    """Four children's correctness holds at once: as many overlap as there are seats (all of them without)."""
+    path = str(tmp_path / "gpu.lock")
+    locks = [DeviceLock.open(path, seats) for _ in range(4)]
+    inside: list[int] = []
+    counted = threading.Lock()
+    at_once = [0]
+
+    def trial(lock: DeviceLock) -> None:
+        with gpu_lock(lock.to_json()):
+            with counted:
+                at_once[0] += 1
+                inside.append(at_once[0])
+            time.sleep(0.2)
+            with counted:
+                at_once[0] -= 1
+
+    try:
+        threads = [threading.Thread(target=trial, args=(lock,)) for lock in locks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(inside) == 4 and max(inside) == most_at_once
+    finally:
+        for lock in locks:
+            lock.close()
+
+
+def test_a_hold_that_lets_the_device_go_gives_its_seat_back(tmp_path: Path) -> None:
+    """A Triton compile inside a trial (``device_released``) frees the seat for another child's GPU work."""
+    from services.children.device import device_released
+
+    path = str(tmp_path / "gpu.lock")
+    compiling, other = DeviceLock.open(path, 1), DeviceLock.open(path, 1)
+    order: list[str] = []
+
+    def trial() -> None:
+        with gpu_lock(other.to_json()):
+            order.append("other's trial")
+
+    try:
+        with gpu_lock(compiling.to_json()):
+            waiter = threading.Thread(target=trial)
+            waiter.start()
+            time.sleep(0.2)
+            order.append("seat held")
+            with device_released():
+                waiter.join(5)
+            order.append("seat back")
+        assert order == ["seat held", "other's trial", "seat back"]
+    finally:
+        compiling.close()
+        other.close()
