@@ -180,13 +180,6 @@ class Settings(BaseSettings):
         description="Groups a GPU reward worker evaluates at once (Celery threads pool): compiles and correctness trials "
         "overlap, while timing stays exclusive through the device lock.",
     )
-    reward_gpu_shared_holders: int = Field(
-        default=0,
-        ge=0,
-        description="Evaluation children that may hold a GPU's device lock shared at once (their correctness trials); 0: "
-        "no limit. A GPU runs different processes' kernels by time slices, not side by side: each holder beyond a few "
-        "makes every sync of the others wait for its turn, and a timing's drain wait for one more holder.",
-    )
 
     # Proposer service
     proposer_corpus: str = Field(default="default", description="Mined API statistics the proposer samples from.")

@@ -6,7 +6,6 @@ import contextlib
 import fcntl
 import functools
 import os
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +18,11 @@ class DeviceLockDescriptors(TypedDict):
 
     lock_fd: int
     timings_fd: int
-    seat_fds: list[int]
 
 
 _holds = threading.local()  # the hold a thread is inside, so CPU work within it can let it go
 
 TIMINGS_SUFFIX = ".timings"  # beside the lock file: held shared by every timing from its request to its end
-SEAT_SUFFIX = ".seat"  # beside the lock file, numbered: a child's correctness hold takes one of them exclusive
 
 
 @dataclass(frozen=True)
@@ -36,99 +33,50 @@ class DeviceLock:
 
     lock_fd: int
     timings_fd: int
-    seat_fds: tuple[int, ...] = ()
 
     @staticmethod
-    def open(path: str, seats: int = 0) -> DeviceLock:
-        """``seats``: how many children may hold the device shared at once (0: no limit)."""
-
-        def descriptor(name: str) -> int:
-            return os.open(name, os.O_RDONLY | os.O_CREAT, 0o644)
-
-        seat_fds = tuple(descriptor(f"{path}{SEAT_SUFFIX}{i}") for i in range(seats))
-        return DeviceLock(descriptor(path), descriptor(path + TIMINGS_SUFFIX), seat_fds)
-
-    @property
-    def fds(self) -> tuple[int, ...]:
-        return (self.lock_fd, self.timings_fd, *self.seat_fds)
+    def open(path: str) -> DeviceLock:
+        return DeviceLock(
+            os.open(path, os.O_RDONLY | os.O_CREAT, 0o644), os.open(path + TIMINGS_SUFFIX, os.O_RDONLY | os.O_CREAT, 0o644)
+        )
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in (self.lock_fd, self.timings_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def to_json(self) -> DeviceLockDescriptors:
-        return {"lock_fd": self.lock_fd, "timings_fd": self.timings_fd, "seat_fds": list(self.seat_fds)}
+        return {"lock_fd": self.lock_fd, "timings_fd": self.timings_fd}
 
 
-def _take_seat(seat_fds: tuple[int, ...]) -> int | None:
-    """One of the seats, for a correctness hold: the first free one from a random start, else the wait
-    for the seat at the start. The GPU runs different processes' kernels by time slices, not side
-    by side, so every holder beyond a few makes each sync of the others wait its turn, and a timing's
-    drain wait for more of them; the seats bound how many hold the device shared at once."""
-    if not seat_fds:
-        return None
-    start = random.randrange(len(seat_fds))
-    for i in range(len(seat_fds)):
-        fd = seat_fds[(start + i) % len(seat_fds)]
+def _take(lock_fd: int, timings_fd: int, mode: int) -> None:
+    """Timings go in batches. A timing announces itself first (a shared hold on the timings file, kept
+    to its end), then waits for the device lock exclusive: the shared holders drain once and nobody
+    new joins them, since correctness work starts only when no timing is announced (it takes the
+    timings file exclusive for a moment, which waits for every announced timing to end). Timings
+    announced meanwhile run back to back after the first, without a drain each: the drain, with the
+    GPU idling behind its slowest holder, is paid once per batch, not once per timing. Linux
+    ``flock`` grants new shared holds while an exclusive request waits, which is what lets a batch
+    grow; correctness work waits at most for the timings of children that finished their own."""
+    if mode == fcntl.LOCK_EX:
+        fcntl.flock(timings_fd, fcntl.LOCK_SH)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue
-        return fd
-    fcntl.flock(seat_fds[start], fcntl.LOCK_EX)
-    return seat_fds[start]
-
-
-@dataclass
-class _Hold:
-    """One hold of the device lock: its descriptors, its mode, and the seat a correctness hold took."""
-
-    lock_fd: int
-    timings_fd: int
-    exclusive: bool
-    seat_fds: tuple[int, ...] = ()
-    seat: int | None = None
-
-    def take(self) -> None:
-        """Timings go in batches. A timing announces itself first (a shared hold on the timings file,
-        kept to its end), then waits for the device lock exclusive: the shared holders drain once and
-        nobody new joins them, since correctness work starts only when no timing is announced (it takes
-        the timings file exclusive for a moment, which waits for every announced timing to end).
-        Timings announced meanwhile run back to back after the first, without a drain each: the drain,
-        with the GPU idling behind its slowest holder, is paid once per batch, not once per timing.
-        Linux ``flock`` grants new shared holds while an exclusive request waits, which is what lets a
-        batch grow; correctness work waits at most for the timings of children that finished their
-        own. A correctness hold takes its seat (``_take_seat``) before all this."""
-        if self.exclusive:
-            fcntl.flock(self.timings_fd, fcntl.LOCK_SH)
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-            except BaseException:
-                fcntl.flock(self.timings_fd, fcntl.LOCK_UN)
-                raise
-            return
-        self.seat = _take_seat(self.seat_fds)
-        try:
-            fcntl.flock(self.timings_fd, fcntl.LOCK_EX)  # no timing announced: none can hold the device either
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
-            finally:
-                fcntl.flock(self.timings_fd, fcntl.LOCK_UN)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
         except BaseException:
-            self._give_seat()
+            fcntl.flock(timings_fd, fcntl.LOCK_UN)
             raise
+        return
+    fcntl.flock(timings_fd, fcntl.LOCK_EX)  # no timing announced: none can hold the device either
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(timings_fd, fcntl.LOCK_UN)
 
-    def give(self) -> None:
-        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-        if self.exclusive:
-            fcntl.flock(self.timings_fd, fcntl.LOCK_UN)
-        self._give_seat()
 
-    def _give_seat(self) -> None:
-        if self.seat is not None:
-            fcntl.flock(self.seat, fcntl.LOCK_UN)
-            self.seat = None
+def _give(lock_fd: int, timings_fd: int, mode: int) -> None:
+    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    if mode == fcntl.LOCK_EX:
+        fcntl.flock(timings_fd, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -136,21 +84,21 @@ def gpu_lock(lock: str | DeviceLockDescriptors | None, *, exclusive: bool = Fals
     """The device lock for one block of GPU work. A reader-writer ``flock``: correctness work
     (reference and candidate trials, the judge) holds it shared and overlaps with other jobs';
     timing holds it exclusive, so nothing else runs on the GPU while a kernel is timed. CPU work
-    (making inputs, writing files) runs outside it. Timings are served in batches (``_Hold.take``).
-    ``lock`` is the lock file's path (the worker, whose judge takes no seat) or a child's
-    ``DeviceLock.to_json()``."""
+    (making inputs, writing files) runs outside it. Timings are served in batches (``_take``).
+    ``lock`` is the lock file's path (the worker) or a child's ``DeviceLock.to_json()``."""
     if not lock:
         yield
         return
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     with contextlib.ExitStack() as stack:
         if isinstance(lock, dict):
-            hold = _Hold(lock["lock_fd"], lock["timings_fd"], exclusive, tuple(lock["seat_fds"]))
+            lock_fd, timings_fd = lock["lock_fd"], lock["timings_fd"]
         else:
             lock_fd = stack.enter_context(open(lock, "a")).fileno()
-            hold = _Hold(lock_fd, stack.enter_context(open(lock + TIMINGS_SUFFIX, "a")).fileno(), exclusive)
-        hold.take()
-        stack.callback(hold.give)
-        outer, _holds.current = getattr(_holds, "current", None), hold
+            timings_fd = stack.enter_context(open(lock + TIMINGS_SUFFIX, "a")).fileno()
+        _take(lock_fd, timings_fd, mode)
+        stack.callback(_give, lock_fd, timings_fd, mode)
+        outer, _holds.current = getattr(_holds, "current", None), (lock_fd, timings_fd, mode)
         try:
             yield
         finally:
@@ -160,24 +108,24 @@ def gpu_lock(lock: str | DeviceLockDescriptors | None, *, exclusive: bool = Fals
 @contextlib.contextmanager
 def device_released() -> Iterator[None]:
     """Long CPU work inside a shared hold (Triton compiling a kernel at its first launch) lets the
-    lock (and its seat) go meanwhile: a timing or a child waiting for the device waits for GPU work,
-    not for a compiler. An exclusive hold is kept: it is timing, and a compile there is part of what
-    is measured."""
-    hold: _Hold | None = getattr(_holds, "current", None)
-    if hold is None or hold.exclusive:
+    lock go meanwhile: a timing waiting for the device waits for GPU work, not for a compiler.
+    An exclusive hold is kept: it is timing, and a compile there is part of what is measured."""
+    hold = getattr(_holds, "current", None)
+    if hold is None or hold[2] == fcntl.LOCK_EX:
         yield
         return
     import torch
 
     if torch.cuda.is_available():  # none of this process's work is left running beside someone's timing
         torch.cuda.synchronize()
-    hold.give()
+    lock_fd, timings_fd, mode = hold
+    _give(lock_fd, timings_fd, mode)
     released = time.perf_counter()
     try:
         yield
     finally:
         retaking = time.perf_counter()
-        hold.take()
+        _take(lock_fd, timings_fd, mode)
         _holds.released_s = getattr(_holds, "released_s", 0.0) + retaking - released
         _holds.retake_wait_s = getattr(_holds, "retake_wait_s", 0.0) + time.perf_counter() - retaking
 

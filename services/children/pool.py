@@ -189,10 +189,13 @@ class ChildPool:
         # absolute: a child starts in its work dir, and an interpreter found through a relative PATH entry is relative
         argv = [os.path.abspath(sys.executable), "-m", self.entry, str(workdir), self.device]
         lock_path = self.layout.gpu_lock(self.device)
-        lock = DeviceLock.open(lock_path, self.settings.reward_gpu_shared_holders) if lock_path else None
+        lock = DeviceLock.open(lock_path) if lock_path else None
         try:
             process = SandboxProcess(
-                argv, self.confinement(workdir, inbox, build_inbox), cwd=workdir, pass_fds=lock.fds if lock else ()
+                argv,
+                self.confinement(workdir, inbox, build_inbox),
+                cwd=workdir,
+                pass_fds=(lock.lock_fd, lock.timings_fd) if lock else (),
             )
         finally:
             if lock:
