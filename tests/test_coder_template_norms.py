@@ -54,7 +54,9 @@ CASES = {
         "[torch.rand(32, 64)]",
         "[64, 48]",
     ),
-    # the other shapes and options, with parameters and running statistics away from their defaults
+    # the other shapes and options, with parameters and running statistics away from their defaults; the
+    # affine weights away from 0 too: a norm of a channel some weight nearly zeroed (batch statistics of a
+    # near-constant) amplifies rounding past atol = rtol = 1e-4 in PyTorch's own output (3.7e-4 from float64)
     "variants": problem(
         "        c = args[0]\n        self.bn1 = nn.BatchNorm1d(c, momentum=None)\n        self.bn3 = nn.BatchNorm3d(c)\n"
         "        self.bn_batch = nn.BatchNorm2d(c, track_running_stats=False)\n"
@@ -62,7 +64,7 @@ CASES = {
         "        self.shift = nn.Parameter(torch.randn(c, 1, 1))\n"
         "        for name, value in self.state_dict().items():\n"
         "            if value.is_floating_point():\n"
-        "                value.uniform_(0.5, 2.0) if 'var' in name else value.normal_()",
+        "                value.uniform_(0.5, 2.0) if 'var' in name or 'weight' in name else value.normal_()",
         "        n, c = x.shape[:2]\n        y = torch.relu(self.bn1(x.view(n, c, -1)))\n"
         "        z = self.bn3(x.view(n, c, 2, 2, -1)).view(n, c, 4, -1) + self.shift\n"
         "        x = self.bn_batch(z) * 2.0 + self.gn(x)\n        x = self.inorm(x.view(n, c, -1)) - y",
