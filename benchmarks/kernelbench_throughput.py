@@ -265,7 +265,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
     from services.config import get_settings
     from services.schemas.reward import ScoreOptions
 
-    # a GPU worker with this many threads: its slots are reward_parallel_children for each (evaluate.candidate_slots)
+    # a GPU worker with this many threads: its slots are reward_parallel_children for each (evaluate.child_slots)
     evaluator = Evaluator(get_settings().model_copy(update={"reward_gpu_concurrency": concurrency, "gpu_devices": [0]}))
     options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda")

@@ -22,7 +22,7 @@ memory was theirs, not a fault of the code under test. Host memory beyond the sc
 budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
 choice) and that child is run again the same way.
 
-References and candidates take a child only with a slot (``CandidateSlots``): a worker's slots are
+References and candidates take a child only with a slot (``ChildSlots``): a worker's slots are
 shared by all its groups, each free one going to the group running fewest (the oldest first), so
 under load the groups share them evenly and a group alone uses them all. A candidate takes its slot
 before it reserves bytes, so one in line reserves nothing; a reference takes its slot after the wait
@@ -101,7 +101,7 @@ class ByteBudget:
             self._changed.notify_all()
 
 
-class CandidateSlots:
+class ChildSlots:
     """A worker's slots for evaluation children, shared by its groups: a free slot goes to the waiting
     key of the group running fewest, the lowest key first (``(group's arrival, index)``, a reference's
     index -1, so it goes before its candidates). Under load every group gets an even share, as a fixed

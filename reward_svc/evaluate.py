@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from reward_svc.admission import ByteBudget, CandidateSlots, DeviceUsers, candidate_device_bytes
+from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
@@ -61,7 +61,7 @@ class Evaluator:
         self.exchange_budget = ByteBudget(self.exchange_max_bytes)
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
-        self.slots = CandidateSlots(candidate_slots(self.settings, 0))  # children at once, across this worker's groups
+        self.slots = ChildSlots(child_slots(self.settings, 0))  # children at once, across this worker's groups
         self._groups_in_flight = 0
         self._arrivals = itertools.count()  # a group's place in line for slots, among groups running as few
         self.redactor = Redactor(self.settings)
@@ -101,13 +101,13 @@ class Evaluator:
         Coder's eval with --concurrency, tests) gets its slots for each, as a fixed number per group gave."""
         with self._pools_lock:
             self._groups_in_flight += 1
-            self.slots.resize(candidate_slots(self.settings, self._groups_in_flight))
+            self.slots.resize(child_slots(self.settings, self._groups_in_flight))
         try:
             yield
         finally:
             with self._pools_lock:
                 self._groups_in_flight -= 1
-                self.slots.resize(candidate_slots(self.settings, self._groups_in_flight))
+                self.slots.resize(child_slots(self.settings, self._groups_in_flight))
 
     def close(self) -> None:
         """Stop every child, the ones still running a job too (that job fails): for a stopping process."""
@@ -171,6 +171,11 @@ class Evaluator:
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
 
+    def _room_for_a_reference(self, device_memory: ByteBudget | None) -> bool:
+        """Whether a new reference may start now: the scratch dir has room for its files and the device
+        (where it is budgeted) for its memory."""
+        return self.exchange_budget.has_room() and (device_memory is None or device_memory.has_room())
+
     def _run_reference(
         self, reference: str, arrival: int, device: str, options: ScoreOptions, seeds: dict[str, Any]
     ) -> tuple[Child, SandboxResult, ReferenceResult | None, float, dict[str, float]]:
@@ -188,7 +193,7 @@ class Evaluator:
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
             with self.slots.take((arrival, -1)):
-                if not (self.exchange_budget.has_room() and (device_memory is None or device_memory.has_room())):
+                if not self._room_for_a_reference(device_memory):
                     continue  # others took the room while it waited in line: the slot goes back, it waits for room again
                 slotted = time.perf_counter()
                 ref_child = self.pool(device).take()
@@ -387,7 +392,7 @@ def _device_capacity() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
 
 
-def candidate_slots(settings: Settings, groups_in_flight: int) -> int:
+def child_slots(settings: Settings, groups_in_flight: int) -> int:
     """Evaluation children a worker process runs at once: ``reward_parallel_children`` for each group it
     is sized to run at once (a GPU worker's Celery threads, ``reward_gpu_concurrency``; a CPU worker's
     process runs one: services/cli/launcher.py), or for each group in flight where there are more."""

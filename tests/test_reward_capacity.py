@@ -19,8 +19,8 @@ import pytest
 
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
-from reward_svc.admission import ByteBudget, CandidateSlots, DeviceUsers
-from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, candidate_slots
+from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots
 from reward_svc.harness.reference import cases_within
 from reward_svc.triton_layers import HARNESS_CHILD
 from services.children.device import likely_device
@@ -243,7 +243,7 @@ def test_a_reference_short_of_room_after_two_cases_keeps_those(tmp_path: Path, m
 
 
 def test_a_free_slot_goes_to_the_group_running_fewest_then_to_the_oldest() -> None:
-    slots = CandidateSlots(2)
+    slots = ChildSlots(2)
     granted: list[tuple[int, int]] = []
     release = {key: threading.Event() for key in [(0, 0), (0, 1), (2, 0), (1, 1), (1, 0), (2, 1), (0, 2)]}
 
@@ -275,7 +275,7 @@ def test_a_slot_beyond_a_groups_even_share_waits_until_its_device_memory_fits() 
     candidate, which does not fit the device memory, leaves the free slots free; group 1's candidate,
     within its share, goes though it does not fit either (it waits for memory in its slot, as before).
     Once the memory fits, group 0's third goes beyond its share."""
-    slots = CandidateSlots(5)
+    slots = ChildSlots(5)
     fits = {"memory": False}
     granted: list[tuple[int, int]] = []
     done = threading.Event()
@@ -309,15 +309,15 @@ def test_a_slot_beyond_a_groups_even_share_waits_until_its_device_memory_fits() 
 
 def test_a_gpu_workers_slots_are_shared_by_its_groups_and_a_cpu_process_runs_one_group() -> None:
     gpu_worker = Settings(reward_parallel_children=3, reward_gpu_concurrency=4, gpu_devices=[0])
-    assert candidate_slots(gpu_worker, 1) == 12  # a group alone may take all twelve
-    assert candidate_slots(gpu_worker, 6) == 18  # a caller with more groups at once gets three for each
-    assert candidate_slots(Settings(reward_parallel_children=3, reward_gpu_concurrency=4), 1) == 3
+    assert child_slots(gpu_worker, 1) == 12  # a group alone may take all twelve
+    assert child_slots(gpu_worker, 6) == 18  # a caller with more groups at once gets three for each
+    assert child_slots(Settings(reward_parallel_children=3, reward_gpu_concurrency=4), 1) == 3
 
 
 def test_a_take_interrupted_in_line_leaves_the_line() -> None:
     """A time limit raised in a thread waiting for a slot (Celery's soft limit) must not leave its key
     at the head of the line, where every later take would wait behind it with a slot free."""
-    slots = CandidateSlots(1)
+    slots = ChildSlots(1)
 
     def interrupted() -> None:
         with pytest.raises(TimeoutError), slots.take((0, 0)):
@@ -629,3 +629,14 @@ def test_requests_with_ever_new_time_limits_start_no_further_pool(kz_env: Callab
         assert list(evaluator._pools) == ["cpu"]
     finally:
         evaluator.close()
+
+
+def test_a_child_taken_before_its_pool_closed_fails_its_job_as_closed(kz_env: Callable[..., Settings]) -> None:
+    """A job that took its child just before the close (the pool killed it) reads as the pool's close, which
+    a stopping process expects, not as a second run of the child's process."""
+    evaluator = Evaluator(kz_env(reward_warm_children=1))
+    child = evaluator.pool("cpu").take()
+    evaluator.close()
+    with pytest.raises(PoolClosed, match="closed before this child's job started"):
+        child.run({"role": "reference"})
+    assert leftovers(evaluator.settings.data_dir, set()) == []

@@ -30,7 +30,7 @@ from services.children.files import link_tree
 from services.children.layout import Layout, owner_tag
 from services.children.report import AUDIT_LOG, KEY_FIELD, RESULT_FILE, read_result
 from services.config import Settings
-from services.sandbox import Confinement, SandboxProcess, SandboxResult
+from services.sandbox import Confinement, KilledBeforeRun, SandboxProcess, SandboxResult
 
 MAX_RESULT_BYTES = 64 << 20  # a child's result.json; a larger one is no result (it would be read into the worker)
 MAX_AUDIT_BYTES = 64 << 10
@@ -71,7 +71,12 @@ class Child:
         spec = {**spec, KEY_FIELD: key, "gpu_lock": self.device_lock.to_json() if self.device_lock else None}
         log = os.open(self.workdir / AUDIT_LOG, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            outcome = self.process.run((json.dumps(spec) + "\n").encode(), wall_timeout_s)
+            try:
+                outcome = self.process.run((json.dumps(spec) + "\n").encode(), wall_timeout_s)
+            except KilledBeforeRun as killed:  # only its pool's close kills a child taken for a job
+                raise PoolClosed(
+                    "the sandbox pool was closed before this child's job started: its process is stopping"
+                ) from killed
             self.audit = os.pread(log, MAX_AUDIT_BYTES, 0).decode(errors="replace")
         finally:
             os.close(log)

@@ -10,6 +10,6 @@ result records which one ran.
 
 from services.sandbox.confinement import Confinement, SandboxResult
 from services.sandbox.isolation import sandbox_available
-from services.sandbox.process import SandboxProcess, run_sandboxed
+from services.sandbox.process import KilledBeforeRun, SandboxProcess, run_sandboxed
 
-__all__ = ["Confinement", "SandboxProcess", "SandboxResult", "run_sandboxed", "sandbox_available"]
+__all__ = ["Confinement", "KilledBeforeRun", "SandboxProcess", "SandboxResult", "run_sandboxed", "sandbox_available"]

@@ -33,6 +33,10 @@ from services.sandbox.output import OutputCollector
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
+class KilledBeforeRun(RuntimeError):
+    """The process was killed before its job was sent (its owner is stopping)."""
+
+
 class SandboxProcess:
     """A sandboxed child, started now and given its input later by ``run``."""
 
@@ -61,7 +65,7 @@ class SandboxProcess:
             popen_cwd = str(cwd or home)
         env = {"PATH": _PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **confinement.env}
         self._lock = threading.Lock()
-        self._ran = False
+        self._ran = self._killed_before_run = False
         try:
             self._proc = subprocess.Popen(
                 command,
@@ -96,6 +100,8 @@ class SandboxProcess:
         """Send ``stdin``, wait up to ``wall_timeout_s`` (the confinement's wall timeout unless given: a
         warm process started before its job's limit was known), kill the tree, report."""
         with self._lock:
+            if self._killed_before_run:
+                raise KilledBeforeRun("the sandboxed process was killed before its job was sent")
             if self._ran:
                 raise RuntimeError("SandboxProcess.run may be called once")
             self._ran = True
@@ -143,7 +149,7 @@ class SandboxProcess:
                 self._proc.wait()
             self._remove_private_dir()
             if not self._ran:  # never to be run: release the pipes here, as run() would
-                self._ran = True
+                self._ran = self._killed_before_run = True
                 assert self._proc.stdin is not None
                 self._proc.stdin.close()
                 self._output.finish()
