@@ -367,7 +367,7 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
         "device_memory": _device_memory(rows),
         "median_phases_s": {
             side: _median_phases((r.get("phases") or {}).get(side) for r in sides)
-            for side, sides in (("candidate", rows), ("reference", list(groups.values())))
+            for side, sides in (("candidate", rows), ("candidate_trials", rows), ("reference", list(groups.values())))
         },
         "correct": sum(bool(r.get("correct")) for r in rows),
         "longest_timings": longest_timings(rows),

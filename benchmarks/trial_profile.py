@@ -84,7 +84,7 @@ def _profiled_run(reference: Path, candidate: Path, device: str, workdir: Path) 
     }
     with profile(activities=activities) as candidate_profile:
         cand_result = run_candidate(cand_spec, cand_dir)
-    sides["candidate"] = {k: cand_result.get(k) for k in ("status", "reason", "phases")}
+    sides["candidate"] = {k: cand_result.get(k) for k in ("status", "reason", "phases", "trial_holds")}
     refused = (cand_dir / AUDIT_LOG).read_text().splitlines() if (cand_dir / AUDIT_LOG).exists() else []
     if refused:  # what the audit hook refused, and where: a harness run here that a pool child would pass
         sides["candidate"]["audit"] = refused[:5]

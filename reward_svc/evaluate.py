@@ -364,7 +364,11 @@ class Evaluator:
                 )
             _release_device_memory(device)
             verdict.details["seconds"] = {"candidate": round(candidate_s, 3), "judge": round(time.perf_counter() - started, 3)}
-            verdict.details["phases"] = {"reference": ref_result.get("phases"), "candidate": result.get("phases")}
+            verdict.details["phases"] = {
+                "reference": ref_result.get("phases"),
+                "candidate": result.get("phases"),
+                "candidate_trials": result.get("trial_holds"),  # its trials phase by what ran in the holds
+            }
             if cached is None and build.exists() and verdict.status in ("correct", "incorrect"):
                 self.builds.publish(build, source)  # a clean run's artefacts only (build_cache.py)
             verdict.details["compile_cache_hit"] = cached is not None

@@ -171,6 +171,7 @@ def test_eval_reports_and_resumes(problems: Path, tmp_path: Path) -> None:
     assert by_problem["1_ReLU"]["correct"] is True and by_problem["1_ReLU"]["kernel"]
     assert by_problem["3_Matmul"]["status"] == "declined" and by_problem["3_Matmul"]["reason"]
     assert by_problem["1_ReLU"]["seconds"]["candidate"] > 0 and by_problem["1_ReLU"]["phases"]["reference"]
+    assert by_problem["1_ReLU"]["phases"]["candidate_trials"]["knockout"] > 0  # its trials by what ran in the holds
     assert by_problem["3_Matmul"]["seconds"] is None
     overall = summary["levels"]["all problems"]
     solved = {r["problem"] for r in records if r["correct"]}

@@ -336,3 +336,7 @@ def test_a_candidates_constructor_runs_before_any_case_inputs_exist(tmp_path: Pa
     result = json.loads(done.stdout.strip().splitlines()[-1])["sides"]["candidate"]
     assert result["status"] == "ok", result["reason"]
     assert result["phases"]["model"] >= 0 and result["phases"]["trials"] > 0  # built outside the holds, then run
+    # the trials phase by what ran in its holds (trial_profile.py reports each side's phases and trial holds)
+    holds = result["trial_holds"]
+    assert set(holds) == {"warm-up", "trial", "knockout", "refresh", "recall", "take"}
+    assert sum(holds.values()) == pytest.approx(result["phases"]["trials"], abs=0.01 + 0.05 * result["phases"]["trials"])

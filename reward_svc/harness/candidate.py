@@ -43,7 +43,7 @@ from services.children.device import device_released
 from services.children.loading import import_file
 from services.children.models import build_model
 from services.children.ops import OpRecorder
-from services.children.phases import Phases
+from services.children.phases import HoldSplit, Phases
 from services.children.report import AUDIT_LOG
 from services.children.timing import TimedCheck, Timing
 from services.outcomes import Rejected
@@ -203,7 +203,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     """The result for ``result.json``; the trials' outputs are in ``workdir`` by then."""
     device = spec["device"]
     exchange = Path(spec["exchange_dir"])
-    phases = Phases()
+    phases, holds = Phases(), HoldSplit()
     counter = LaunchCounter()
     counter.copies_are_work = bool(spec.get("copies_are_work"))
     counter.install_triton()
@@ -255,9 +255,12 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         args = _case_inputs(spec, exchange, case)
         phases.lap("inputs")
         with phases.on_device(lock, "trials"):
+            holds.start()
             out = run(args)
+            holds.lap(trial_kind(name))
             taken = None if out is SKIPPED else outputs.take(name, out)
             del out
+            holds.lap("take")
         _check_integrity(snapshot, observations)
         if taken is not None:
             outputs.write(taken)
@@ -298,6 +301,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         "status": "ok",
         "observations": observations,
         "phases": phases.seconds,
+        "trial_holds": holds.seconds,
         "output_fingerprints": outputs.fingerprints,
     }
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
@@ -314,6 +318,13 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     if device == "cuda":
         result["device_peak_bytes"] = torch.cuda.max_memory_reserved()
     return result
+
+
+def trial_kind(name: str) -> str:
+    """What a trial's hold ran, from its output's name: ``warm-up``, ``trial`` (a case's own run),
+    ``knockout``, ``refresh`` or ``recall``."""
+    kind = name.removeprefix("output_")
+    return "trial" if kind.isdigit() else kind
 
 
 def _check_integrity(snapshot: IntegritySnapshot, observations: Observations) -> None:

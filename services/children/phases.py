@@ -40,3 +40,25 @@ class Phases:
             self.seconds[work] = max(0.0, round(self.seconds[work] - released - retake_wait, 3))
             self.seconds["released"] = round(self.seconds.get("released", 0.0) + released, 3)
             self.seconds["lock_wait"] = round(self.seconds["lock_wait"] + retake_wait, 3)
+
+
+class HoldSplit:
+    """One phase's device holds split by what ran in them (a candidate's trials: its warm-ups, trials,
+    knockout, refresh and recall, and the takes of their outputs), less any time a hold let the device
+    go (``device_released``): where a phase's seconds under the lock go when it is long."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+        self._released = 0.0
+
+    def start(self) -> None:
+        """The hold's work starts now."""
+        self._mark, self._released = time.perf_counter(), sum(released_totals())
+
+    def lap(self, name: str) -> None:
+        """Charge the hold's time since ``start`` or the previous lap to ``name`` (repeated names add up)."""
+        now, released = time.perf_counter(), sum(released_totals())
+        spent = max(0.0, now - self._mark - (released - self._released))
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + spent, 3)
+        self._mark, self._released = now, released
