@@ -23,8 +23,10 @@ def relayout(x):
 
 
 class ModelNew(nn.Module):
-    """A row sort as torch.unique(sorted=True) per row: _unique2 is a data op, yet it sorts."""
+    """A row sort as torch.unique(sorted=True) per row: _unique2 is a data op, yet it sorts. Each value
+    repeated as often as it occurs, so a row with equal values (a poisoned or redrawn one) sorts too."""
 
     def forward(self, x):
         xt = relayout(x)
-        return torch.stack([torch.unique(row, sorted=True) for row in xt])
+        rows = (torch.unique(row, sorted=True, return_counts=True) for row in xt)
+        return torch.stack([torch.repeat_interleave(values, counts) for values, counts in rows])
