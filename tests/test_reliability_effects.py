@@ -35,8 +35,10 @@ from services.schemas.proposer import ProposeRequest, ProposeSummary
 from services.schemas.reward import GroupScoreRequest
 from trainer.config import LoopConfig
 
-# Fast enough for a test, in the proportions the settings demand.
-FAST = {"worker_heartbeat_s": 0.2, "worker_dead_after_s": 1.0, "queued_grace_s": 1.0, "sweep_interval_s": 0.2}
+# Fast enough for a test, in the proportions the settings demand. Every worker here dies by SIGKILL, which
+# the sweeper sees at once on this host (the process is gone), so death by silence can wait longer: with
+# 1 s, a live attempt whose heartbeat a loaded 2-core CI machine held back a second was given up on.
+FAST = {"worker_heartbeat_s": 0.2, "worker_dead_after_s": 5.0, "queued_grace_s": 1.0, "sweep_interval_s": 0.2}
 
 
 def start_workers(start_worker: Callable[..., Any], service: str, count: int = 2, **fields: object) -> None:
