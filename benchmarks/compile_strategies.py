@@ -245,7 +245,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kz-compile-bench-") as tmp:
         work = Path(tmp)
         toolchain = kzc.Builder(work / "probe", compile_only=not args.gpu).toolchain
-        tiers = ["minimal", "light"] + ([] if args.skip_original else ["original"])
+        tiers = ["lean", "minimal", "light"] + ([] if args.skip_original else ["original"])
         rows += unit_rows(toolchain, tiers, work)
         rows.append(arch_row(toolchain, work))
         rows += pch_rows(toolchain, work)

@@ -15,6 +15,11 @@ This module is imported inside the sandboxed child, before the candidate, and
 - compiles a miss with the lightest header set that still compiles, falling back to the
   candidate's own headers when the light one fails (correctness first):
 
+  ``lean``      the minimal tier with copies of its per-operator headers that leave out what
+                each includes for the runtime around its operator (``OPERATOR_CONTEXT_HEADERS``:
+                the global context, device guards, argument checks, tracing; half the
+                preprocessed lines), found first on the include path; only for sources that name
+                nothing those headers alone declare (``context_only_names``);
   ``minimal``   ``ATen/core/Tensor.h`` + ``ATen/Dispatch.h`` + the per-operator headers
                 (``ATen/ops/<name>.h``) of the names the source uses + torch's own
                 ``namespace torch`` aliases; no ``ATen/Functions.h``, no autograd, no frontend;
@@ -59,7 +64,7 @@ import sysconfig
 import time
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,9 +89,15 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # registration: a source using any of them skips the minimal tier.
 _MINIMAL_SCREEN = frozenset({"requires_grad", "tensor", "from_blob", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
 _OPS_HEADER_SUFFIXES = ("_ops", "_native", "_meta", "_dispatch")
+# What every per-operator header includes for the runtime around its operator, not for its own
+# declarations (those need only the operator's ``_ops.h``, ``TensorOptions`` and kin).
+OPERATOR_CONTEXT_HEADERS = frozenset({"ATen/Context.h", "ATen/DeviceGuard.h", "ATen/TensorUtils.h", "ATen/TracerMode.h"})
+LEAN_INCLUDE_DIR = "kz_lean"
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"][^\n]*\n?', re.MULTILINE)
 _CUDA_LIBRARY_HEADERS = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h", "cusolver_common.h")
 _CUDA_LIBRARY_MENTION = re.compile(r"cublas|cusparse|cusolver", re.IGNORECASE)
 BINDINGS_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
+MINIMAL_BASE_HEADERS = ("optional", "ATen/core/Tensor.h", "ATen/Dispatch.h")
 
 # Declarations that torch's headers need from the CUDA math libraries, for a compile-only
 # machine whose toolkit lacks them. Calls into those libraries still fail (ToolchainUnavailable).
@@ -566,8 +577,12 @@ def _write_cuda_library_stubs(cache_dir: Path) -> Path:
 
 def choose_plan(request: InlineRequest, toolchain: Toolchain) -> Plan:
     """Lightest tier first, then the candidate's own headers; parallel when there are two units."""
-    first = "minimal" if minimal_tier_allowed(request, toolchain) else "light"
-    tiers = (first, "original")
+    if not minimal_tier_allowed(request, toolchain):
+        tiers: tuple[str, ...] = ("light", "original")
+    elif lean_tier_allowed(request, toolchain):
+        tiers = ("lean", "minimal", "original")
+    else:
+        tiers = ("minimal", "original")
     return Plan(cpp_tiers=tiers, cuda_tiers=tiers, parallel=bool(request.cuda_sources))
 
 
@@ -575,6 +590,14 @@ def minimal_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
     """The minimal tier needs torch's alias block and must not meet names it would resolve differently."""
     names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
     return torch_namespace_block(toolchain.torch_include) is not None and not names & _MINIMAL_SCREEN
+
+
+def lean_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
+    """The lean tier must not meet a name that only its operator headers' context would declare."""
+    names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
+    ops = names & aten_ops(toolchain.torch_include)
+    includes = frozenset(h for op in ops for h in _INCLUDE.findall(operator_header(toolchain.torch_include, op).read_text()))
+    return not names & context_only_names(toolchain.torch_include, includes)
 
 
 def cpp_unit(request: InlineRequest, tier: str) -> str:
@@ -614,21 +637,114 @@ def _swap_umbrellas(text: str, tier: str, replacement: str) -> str:
 def prelude(request: InlineRequest, toolchain: Toolchain, tier: str, *, bindings: bool) -> str:
     """The header that stands in for the umbrella includes at ``tier``."""
     lines = ["#pragma once"]
+    if tier == "lean":  # what sets it apart from the minimal tier is on the include path
+        lines.append(f"// kz: ATen/ops/<name>.h from {LEAN_INCLUDE_DIR}/, without {', '.join(sorted(OPERATOR_CONTEXT_HEADERS))}")
     if tier == "light":
         lines.append("#include <torch/types.h>")
     else:
-        lines += ["#include <optional>", "#include <ATen/core/Tensor.h>", "#include <ATen/Dispatch.h>"]
-        source = "\n".join(request.cpp_sources + request.cuda_sources)
-        lines += [f"#include <ATen/ops/{op}.h>" for op in sorted(_identifiers(source) & aten_ops(toolchain.torch_include))]
+        lines += [f"#include <{h}>" for h in MINIMAL_BASE_HEADERS]
+        lines += [f"#include <ATen/ops/{op}.h>" for op in sorted(source_ops(request, toolchain))]
     if bindings:
         lines += [f"#include <{h}>" for h in BINDINGS_HEADERS]
-    if tier == "minimal":
+    if tier in ("lean", "minimal"):
         lines.append(torch_namespace_block(toolchain.torch_include) or "")
     return "\n".join(lines) + "\n"
 
 
 def _identifiers(source: str) -> set[str]:
     return set(_IDENTIFIER.findall(_COMMENT.sub(" ", source)))
+
+
+def source_ops(request: InlineRequest, toolchain: Toolchain) -> set[str]:
+    """The operators whose per-operator headers the (lean and) minimal tiers include: those the source names."""
+    return _identifiers("\n".join(request.cpp_sources + request.cuda_sources)) & aten_ops(toolchain.torch_include)
+
+
+def operator_header(torch_include: str, op: str) -> Path:
+    return Path(torch_include, "ATen", "ops", f"{op}.h")
+
+
+def lean_operator_header(torch_include: str, op: str) -> str:
+    """torch's ``ATen/ops/<op>.h`` without the includes of ``OPERATOR_CONTEXT_HEADERS``."""
+    text = operator_header(torch_include, op).read_text()
+    return _INCLUDE.sub(lambda m: "" if m.group(1) in OPERATOR_CONTEXT_HEADERS else m.group(0), text)
+
+
+def write_lean_headers(request: InlineRequest, toolchain: Toolchain, unit_dir: Path) -> Path:
+    """The lean copies of the source's operator headers, under a directory searched before torch's."""
+    ops_dir = unit_dir / LEAN_INCLUDE_DIR / "ATen" / "ops"
+    ops_dir.mkdir(parents=True, exist_ok=True)
+    for op in source_ops(request, toolchain):
+        (ops_dir / f"{op}.h").write_text(lean_operator_header(toolchain.torch_include, op))
+    return unit_dir / LEAN_INCLUDE_DIR
+
+
+@functools.lru_cache(maxsize=16)
+def context_only_names(torch_include: str, operator_includes: frozenset[str]) -> frozenset[str]:
+    """Names declared at namespace scope (functions, types, aliases, macros) in torch headers that the
+    minimal tier's prelude reaches only through ``OPERATOR_CONTEXT_HEADERS`` (``operator_includes``:
+    what the source's operator headers include, the same list for every operator torch generates): a
+    source naming one might compile at the minimal tier and not at the lean one. Every include is
+    followed, whatever its ``#if``; a name the regular expressions miss costs a failed lean attempt
+    before the minimal tier, never a build."""
+    kept = _header_closure(torch_include, (operator_includes - OPERATOR_CONTEXT_HEADERS) | set(MINIMAL_BASE_HEADERS))
+    dropped = _header_closure(torch_include, OPERATOR_CONTEXT_HEADERS) - kept
+    return frozenset(name for path in dropped for name in _namespace_scope_names(path.read_text()))
+
+
+def _header_closure(torch_include: str, roots: Iterable[str]) -> set[Path]:
+    """The torch headers ``roots`` include, directly or not (system headers are not followed)."""
+    search = (Path(torch_include), Path(torch_include, "torch", "csrc", "api", "include"))
+    seen: set[Path] = set()
+    pending = list(roots)
+    while pending:
+        found = next((d / pending[-1] for d in search if (d / pending[-1]).is_file()), None)
+        pending.pop()
+        if found is not None and found not in seen:
+            seen.add(found)
+            pending += _INCLUDE.findall(found.read_text())
+    return seen
+
+
+_STRING_LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
+_DIRECTIVE = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
+_MACRO_NAME = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.MULTILINE)
+_OPENS_NAMESPACE = re.compile(r'(?:\bnamespace(?:\s+[\w:]+)?|\bextern\s+"C(?:\+\+)?")\s*$')
+_DECLARED_NAME = re.compile(
+    r"\b(?:class|struct|enum|union)(?:[ \t]+class)?(?:[ \t]+[A-Z0-9_]+)*[ \t]+(\w+)[ \t]*(?:final[ \t]*)?[:{]"  # a type
+    r"|\busing\s+(\w+)\s*="  # an alias
+    r"|(?:[\w>&*][ \t\n]+|[&*])(\w+)\s*\("  # a function after its type (one defined out of its class follows ::)
+)
+_KEYWORDS = frozenset(
+    "alignas alignof auto bool char char8_t char16_t char32_t class const consteval constexpr constinit const_cast decltype "
+    "delete double dynamic_cast else enum explicit extern false float for friend if inline int long mutable namespace new "
+    "noexcept nullptr operator private protected public register reinterpret_cast return short signed sizeof static "
+    "static_assert static_cast struct switch template this throw true typedef typeid typename union unsigned using virtual "
+    "void volatile wchar_t while".split()
+)
+
+
+def _namespace_scope_names(text: str) -> set[str]:
+    """What a header declares outside any class or function body, by regular expression (enough for a screen)."""
+    text = _STRING_LITERAL.sub('""', _COMMENT.sub(" ", text))
+    names = set(_MACRO_NAME.findall(text))
+    text = _DIRECTIVE.sub(" ", text)
+    scope: list[str] = []  # the text at namespace scope, each piece with the brace that ends it
+    opens_namespace: list[bool] = []  # per brace open now
+    start = 0
+    for brace in re.finditer(r"[{}]", text):
+        at_namespace_scope = all(opens_namespace)
+        if brace.group() == "{":
+            opens_namespace.append(bool(_OPENS_NAMESPACE.search(text[max(0, brace.start() - 200) : brace.start()])))
+        elif opens_namespace:
+            opens_namespace.pop()
+        if at_namespace_scope or all(opens_namespace):
+            scope.append(text[start : brace.end()] if at_namespace_scope else "")
+            start = brace.end()
+    scope.append(text[start:])
+    for match in _DECLARED_NAME.finditer("\n".join(scope)):
+        names.add(next(group for group in match.groups() if group))
+    return names - _KEYWORDS
 
 
 @functools.lru_cache(maxsize=4)
@@ -792,6 +908,8 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
         cmd = [str(toolchain.nvcc), *cuda_flags(request, toolchain)]
     else:
         cmd = [toolchain.cxx, *cpp_flags(request, toolchain)]
+    if tier == "lean":  # -I: searched before torch's -isystem directories
+        cmd.insert(1, f"-I{write_lean_headers(request, toolchain, unit_dir)}")
     started = time.perf_counter()
     if cuda:
         result = _checked(compile_cu(cmd, source, work / f"{unit}.o", unit_dir), cmd)

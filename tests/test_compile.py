@@ -90,9 +90,36 @@ def test_tiers_swap_umbrella_headers_in_place(tmp_path: Path) -> None:
 
 def test_minimal_tier_screens_names_that_resolve_differently(tmp_path: Path) -> None:
     toolchain = kzc.Builder(tmp_path, compile_only=True).toolchain
-    assert kzc.choose_plan(kb_request(), toolchain).cuda_tiers == ("minimal", "original")
+    assert kzc.choose_plan(kb_request(), toolchain).cuda_tiers == ("lean", "minimal", "original")
     risky = kb_request(cuda_sources=KB_CUDA.replace("torch::zeros_like(a)", "torch::tensor({1.0f})"))
     assert kzc.choose_plan(risky, toolchain).cuda_tiers == ("light", "original")
+
+
+def test_lean_tier_leaves_out_the_operators_context_and_screens_what_only_the_context_declares(tmp_path: Path) -> None:
+    toolchain = kzc.Builder(tmp_path, compile_only=True).toolchain
+    lean = kzc.lean_operator_header(toolchain.torch_include, "zeros_like")
+    stock = kzc.operator_header(toolchain.torch_include, "zeros_like").read_text()
+    assert all(f"<{h}>" in stock and f"<{h}>" not in lean for h in kzc.OPERATOR_CONTEXT_HEADERS)
+    assert "#include <ATen/ops/zeros_like_ops.h>" in lean and "inline at::Tensor zeros_like(" in lean
+    include_dir = kzc.write_lean_headers(kb_request(), toolchain, tmp_path)
+    assert (include_dir / "ATen" / "ops" / "zeros_like.h").read_text() == lean
+    # the lean prelude differs from the minimal one, so a failed lean attempt is followed by a minimal one
+    assert kzc.prelude(kb_request(), toolchain, "lean", bindings=False) != kzc.prelude(
+        kb_request(), toolchain, "minimal", bindings=False
+    )
+
+    # What the context headers declare (the runtime around an operator), through whatever they include.
+    for context_use in (
+        "const at::OptionalDeviceGuard guard(at::device_of(a));",
+        "at::globalContext().setDeterministicAlgorithms(true, false);",
+        'at::checkAllSameGPU(__func__, {at::TensorArg(a, "a", 1)});',
+        "c10::StreamGuard guard(c10::Stream(c10::Stream::DEFAULT, a.device()));",
+    ):
+        request = kb_request(cuda_sources=KB_CUDA.replace("auto size = a.numel();", f"auto size = a.numel(); {context_use}"))
+        assert kzc.choose_plan(request, toolchain).cuda_tiers == ("minimal", "original"), context_use
+    # What kernels name all the time stays lean.
+    everyday = "size_t void int float bool Tensor TORCH_CHECK data_ptr numel size stream blockIdx at torch c10 std dtype device"
+    assert not set(everyday.split()) & kzc.context_only_names(toolchain.torch_include, frozenset(kzc.OPERATOR_CONTEXT_HEADERS))
 
 
 @needs_nvcc
@@ -161,7 +188,7 @@ def test_kernelbench_source_compiles_only_with_real_nvcc(tmp_path: Path) -> None
     )
     (entry,) = log.entries
     assert entry.ok and not entry.cache_hit, entry.stderr_tail
-    assert entry.strategy.startswith("cpp:minimal(") and " cu:minimal(" in entry.strategy and "failed" not in entry.strategy
+    assert entry.strategy.startswith("cpp:lean(") and " cu:lean(" in entry.strategy and "failed" not in entry.strategy
     with pytest.raises(RuntimeError, match="compiled only: no GPU here"):
         module.elementwise_add_cuda(torch.ones(4), torch.ones(4))
 
@@ -178,6 +205,19 @@ def test_light_tier_failure_falls_back_to_the_candidates_headers(tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_a_failed_lean_attempt_is_followed_by_the_minimal_tier(tmp_path: Path) -> None:
+    # A name the screen would catch, past it by a forced plan: the lean tier lacks ATen/Context.h,
+    # which the minimal tier's operator header (zeros_like) brings.
+    source = "#include <torch/extension.h>\nbool deterministic(at::Tensor x) { at::zeros_like(x); return at::globalContext().deterministicAlgorithms(); }\n"
+    builder = kzc.Builder(tmp_path, compile_only=True)
+    plan = kzc.Plan(cpp_tiers=("lean", "minimal", "original"), cuda_tiers=())
+    builder.load(kzc.make_request("lean_fallback", source, no_implicit_headers=True), plan)
+    (entry,) = builder.log.entries
+    assert entry.ok, entry.stderr_tail
+    assert entry.strategy.startswith("cpp:lean(") and "failed)>minimal(" in entry.strategy and "original" not in entry.strategy
+
+
+@pytest.mark.slow
 def test_cpp_extension_links_imports_and_runs(tmp_path: Path) -> None:
     # The full path minus CUDA: minimal-tier headers, generated bindings, torch's link flags, import.
     log = kzc.install_fast_load_inline(tmp_path)
@@ -187,7 +227,7 @@ def test_cpp_extension_links_imports_and_runs(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="1-d only"):  # torch errors cross the binding as RuntimeError
         module.add_one(torch.zeros(2, 2))
     (entry,) = log.entries
-    assert entry.strategy.startswith("cpp:minimal(") and "link(" in entry.strategy
+    assert entry.strategy.startswith("cpp:lean(") and "link(" in entry.strategy
     assert (
         cpp_extension.load_inline(name="add_one_ext", cpp_sources=source, functions=["add_one"]).add_one(torch.ones(1)).item()
         == 2
