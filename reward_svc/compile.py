@@ -593,11 +593,29 @@ def minimal_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
 
 
 def lean_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
-    """The lean tier must not meet a name that only its operator headers' context would declare."""
+    """The lean tier has something to leave out (operator headers), and no name that only their context declares."""
     names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
     ops = names & aten_ops(toolchain.torch_include)
-    includes = frozenset(h for op in ops for h in _INCLUDE.findall(operator_header(toolchain.torch_include, op).read_text()))
-    return not names & context_only_names(toolchain.torch_include, includes)
+    return bool(ops) and not names & context_only_names(toolchain.torch_include, operator_includes(toolchain.torch_include, ops))
+
+
+def operator_includes(torch_include: str, ops: Iterable[str]) -> frozenset[str]:
+    """What the operators' headers include besides their own declarations (``ATen/ops/<name>_ops.h``): one
+    list for every operator, torch generates their headers from one template."""
+    return frozenset(
+        h for op in ops for h in _INCLUDE.findall(operator_header(torch_include, op).read_text()) if not h.startswith("ATen/ops/")
+    )
+
+
+def warm_header_screen() -> None:
+    """Work out the lean tier's screen before a job (a quarter of a second on the first compile otherwise):
+    any operator's header will do, torch generates them all from one template."""
+    import torch
+
+    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
+    ops = aten_ops(torch_include)
+    if ops and torch_namespace_block(torch_include) is not None:
+        context_only_names(torch_include, operator_includes(torch_include, [min(ops)]))
 
 
 def cpp_unit(request: InlineRequest, tier: str) -> str:
@@ -680,14 +698,13 @@ def write_lean_headers(request: InlineRequest, toolchain: Toolchain, unit_dir: P
 
 
 @functools.lru_cache(maxsize=16)
-def context_only_names(torch_include: str, operator_includes: frozenset[str]) -> frozenset[str]:
+def context_only_names(torch_include: str, includes: frozenset[str]) -> frozenset[str]:
     """Names declared at namespace scope (functions, types, aliases, macros) in torch headers that the
-    minimal tier's prelude reaches only through ``OPERATOR_CONTEXT_HEADERS`` (``operator_includes``:
-    what the source's operator headers include, the same list for every operator torch generates): a
+    minimal tier's prelude reaches only through ``OPERATOR_CONTEXT_HEADERS`` (among the operators' ``includes``): a
     source naming one might compile at the minimal tier and not at the lean one. Every include is
     followed, whatever its ``#if``; a name the regular expressions miss costs a failed lean attempt
     before the minimal tier, never a build."""
-    kept = _header_closure(torch_include, (operator_includes - OPERATOR_CONTEXT_HEADERS) | set(MINIMAL_BASE_HEADERS))
+    kept = _header_closure(torch_include, (includes - OPERATOR_CONTEXT_HEADERS) | set(MINIMAL_BASE_HEADERS))
     dropped = _header_closure(torch_include, OPERATOR_CONTEXT_HEADERS) - kept
     return frozenset(name for path in dropped for name in _namespace_scope_names(path.read_text()))
 

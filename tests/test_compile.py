@@ -117,6 +117,12 @@ def test_lean_tier_leaves_out_the_operators_context_and_screens_what_only_the_co
     ):
         request = kb_request(cuda_sources=KB_CUDA.replace("auto size = a.numel();", f"auto size = a.numel(); {context_use}"))
         assert kzc.choose_plan(request, toolchain).cuda_tiers == ("minimal", "original"), context_use
+    # One screen for every source, worked out before the job: torch generates operator headers from one template.
+    includes = kzc.operator_includes(toolchain.torch_include, ["zeros_like"])
+    assert kzc.OPERATOR_CONTEXT_HEADERS < includes == kzc.operator_includes(toolchain.torch_include, ["add", "relu", "matmul"])
+    kzc.context_only_names.cache_clear()
+    kzc.warm_header_screen()
+    assert kzc.lean_tier_allowed(kb_request(), toolchain) and kzc.context_only_names.cache_info()[:2] == (1, 1)  # a hit
     # What kernels name all the time stays lean.
     everyday = "size_t void int float bool Tensor TORCH_CHECK data_ptr numel size stream blockIdx at torch c10 std dtype device"
     assert not set(everyday.split()) & kzc.context_only_names(toolchain.torch_include, frozenset(kzc.OPERATOR_CONTEXT_HEADERS))

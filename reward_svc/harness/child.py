@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from reward_svc.compile import warm_header_screen
 from reward_svc.protocol import CandidateSpec, ReferenceSpec
 from services.children.entry import serve
 
@@ -21,6 +22,7 @@ def warm_up(device: str) -> None:
         pass
     _rehearse_a_recorded_call()
     if device == "cuda":
+        warm_header_screen()  # where load_inline builds for real (on the CPU it only checks a compile)
         torch.cuda.init()
         torch.empty(1, device="cuda")
         _warm_triton_driver()
