@@ -85,6 +85,8 @@ _UMBRELLA_INCLUDE = re.compile(
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# Comments and string or character literals, in one left-to-right scan (a "//" in a string is no comment).
+_NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
 # Names whose torch:: and at:: meanings differ beyond requires_grad, or that touch autograd or
 # registration: a source using any of them skips the minimal tier.
 _MINIMAL_SCREEN = frozenset({"requires_grad", "tensor", "from_blob", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
@@ -670,7 +672,12 @@ def prelude(request: InlineRequest, toolchain: Toolchain, tier: str, *, bindings
 
 
 def _identifiers(source: str) -> set[str]:
-    return set(_IDENTIFIER.findall(_COMMENT.sub(" ", source)))
+    """The names the code uses: not the words of its comments or its messages ("must be a CUDA tensor")."""
+    return set(_IDENTIFIER.findall(_code_only(source)))
+
+
+def _code_only(source: str) -> str:
+    return _NOT_CODE.sub(lambda m: '""' if m.group(0)[0] in "\"'" else " ", source)
 
 
 def source_ops(request: InlineRequest, toolchain: Toolchain) -> set[str]:
@@ -723,7 +730,6 @@ def _header_closure(torch_include: str, roots: Iterable[str]) -> set[Path]:
     return seen
 
 
-_STRING_LITERAL = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
 _DIRECTIVE = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.MULTILINE)
 _MACRO_NAME = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)", re.MULTILINE)
 _OPENS_NAMESPACE = re.compile(r'(?:\bnamespace(?:\s+[\w:]+)?|\bextern\s+"C(?:\+\+)?")\s*$')
@@ -743,7 +749,7 @@ _KEYWORDS = frozenset(
 
 def _namespace_scope_names(text: str) -> set[str]:
     """What a header declares outside any class or function body, by regular expression (enough for a screen)."""
-    text = _STRING_LITERAL.sub('""', _COMMENT.sub(" ", text))
+    text = _code_only(text)
     names = set(_MACRO_NAME.findall(text))
     text = _DIRECTIVE.sub(" ", text)
     scope: list[str] = []  # the text at namespace scope, each piece with the brace that ends it
