@@ -87,9 +87,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # Comments and string or character literals, in one left-to-right scan (a "//" in a string is no comment).
 _NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
-# Names whose torch:: and at:: meanings differ beyond requires_grad, or that touch autograd or
-# registration: a source using any of them skips the minimal tier.
-_MINIMAL_SCREEN = frozenset({"requires_grad", "tensor", "from_blob", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
+# Names that touch requires_grad (where torch:: and at:: factories differ), autograd or registration,
+# and the factories whose torch:: and at:: overloads differ, called: a source using any of them skips
+# the minimal tier (a variable or a parameter named ``tensor`` means nothing to torch).
+_MINIMAL_SCREEN = frozenset({"requires_grad", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
+_MINIMAL_SCREEN_CALLS = re.compile(r"\b(?:tensor|from_blob)\s*\(")
 _OPS_HEADER_SUFFIXES = ("_ops", "_native", "_meta", "_dispatch")
 # What every per-operator header includes for the runtime around its operator, not for its own
 # declarations (those need only the operator's ``_ops.h``, ``TensorOptions`` and kin).
@@ -590,8 +592,9 @@ def choose_plan(request: InlineRequest, toolchain: Toolchain) -> Plan:
 
 def minimal_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
     """The minimal tier needs torch's alias block and must not meet names it would resolve differently."""
-    names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
-    return torch_namespace_block(toolchain.torch_include) is not None and not names & _MINIMAL_SCREEN
+    code = _code_only("\n".join(request.cpp_sources + request.cuda_sources))
+    screened = set(_IDENTIFIER.findall(code)) & _MINIMAL_SCREEN or _MINIMAL_SCREEN_CALLS.search(code)
+    return torch_namespace_block(toolchain.torch_include) is not None and not screened
 
 
 def lean_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:

@@ -96,6 +96,11 @@ def test_minimal_tier_screens_names_that_resolve_differently(tmp_path: Path) -> 
     # words of a message or a comment are not names (a check's "must be a CUDA tensor" cost the light tier, 4x slower)
     said = 'TORCH_CHECK(a.is_cuda(), "a must be a CUDA tensor, not from_blob"); // requires_grad\n    auto size'
     assert kzc.choose_plan(kb_request(cuda_sources=KB_CUDA.replace("auto size", said)), toolchain).cuda_tiers[0] == "lean"
+    # nor is a variable named after a screened factory; calling one is
+    named = kb_request(cuda_sources=KB_CUDA.replace("torch::Tensor a,", "torch::Tensor tensor, torch::Tensor a,"))
+    assert kzc.choose_plan(named, toolchain).cuda_tiers[0] == "lean"
+    called = kb_request(cuda_sources=KB_CUDA.replace("torch::zeros_like(a)", "torch::from_blob (a.data_ptr(), {size})"))
+    assert kzc.choose_plan(called, toolchain).cuda_tiers == ("light", "original")
 
 
 def test_lean_tier_leaves_out_the_operators_context_and_screens_what_only_the_context_declares(tmp_path: Path) -> None:
