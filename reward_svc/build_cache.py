@@ -8,7 +8,7 @@ the child left there (links, FIFOs, other files, junk) is dropped. A child never
 own source's build is hard-linked into its read-only inbox (sandbox.py), so no candidate reads or
 poisons another's binaries. The cache is capped (``KZ_REWARD_CACHE_MAX_BYTES``): least recently
 used builds go first, but never one used within ``in_use_s``, since a running child may be loading
-it. ``triton-base`` (Triton's own stubs, sandbox.py) is never evicted.
+it. ``triton-base`` and ``bindings-pch`` (reward_svc/shared_builds.py) are never evicted.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from services.children.files import publish_dir
 from services.db.tasks import source_sha256
 
-PROTECTED = frozenset({"triton-base", ".inbox"})
+PROTECTED = frozenset({"triton-base", "bindings-pch", ".inbox"})
 ARTEFACT_SUFFIXES = frozenset(
     {
         ".so",

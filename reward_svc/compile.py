@@ -33,7 +33,12 @@ This module is imported inside the sandboxed child, before the candidate, and
   ``variable_factories.h`` resolve to their ``at::`` twins, which differ only in
   ``requires_grad`` handling and, for ``tensor``/``from_blob``, in overloads) is screened out;
 - compiles the bindings unit (``main.cpp``) and the CUDA unit (``cuda.cu``) in parallel, for the
-  one target arch of the device (no PTX, no multi-arch), then links and imports;
+  one target arch of the device (no PTX, no multi-arch), then links and imports; the bindings
+  unit at the lean and minimal tiers starts from a GCC precompiled header of what every one
+  starts with (``bindings_base``) where one was built for its flags (``$KZ_BINDINGS_PCH``: a GPU
+  worker's trusted child builds them, reward_svc/shared_builds.py; torch's own ``use_pch`` writes
+  into site-packages, read-only in the sandbox), and only when nothing in the unit comes before
+  its prelude;
 - publishes atomically (build in a temporary directory, ``rename``), so concurrent processes
   building the same hash are safe: the first rename wins and the others use its result;
 - with ``compile_only=True`` (no GPU here) compiles both units with ``-c`` only and returns a
@@ -43,9 +48,7 @@ nvcc (13.0) has no precompiled headers, and its phases for one ``.cu`` run stric
 (cicc needs the module id that cudafe++ writes last), so the header diet is the lever: what each
 tier costs is measured by ``benchmarks/compile_strategies.py`` (``benchmarks/results/
 compile_strategies_cpu.json``), cold and cached builds on a GPU host by ``benchmarks/reward_gpu.py``
-(``benchmarks/results/reward_gpu_h200_*.json``). A GCC precompiled header would shorten the light
-``main.cpp`` but costs a large ``.gch`` built per flag set, and ``main.cpp`` already finishes before
-``cuda.cu``; torch's own ``use_pch`` writes into site-packages, read-only in the sandbox.
+(``benchmarks/results/reward_gpu_h200_*.json``).
 """
 
 from __future__ import annotations
@@ -102,6 +105,15 @@ _CUDA_LIBRARY_HEADERS = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.
 _CUDA_LIBRARY_MENTION = re.compile(r"cublas|cusparse|cusolver", re.IGNORECASE)
 BINDINGS_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
 MINIMAL_BASE_HEADERS = ("optional", "ATen/core/Tensor.h", "ATen/Dispatch.h")
+_BINDINGS_BASE_GUARD = "KZ_BINDINGS_BASE_H"
+BINDINGS_PRELUDE_INCLUDE = '#include "kz_bindings.h"'
+# A directory of precompiled bindings bases, ``<pch_key>/kz_pch.h(.gch)``, built by a child that runs only
+# our code and shared read-only (reward_svc/shared_builds.py); each build finds its own by its flags.
+BINDINGS_PCH_ENV = "KZ_BINDINGS_PCH"
+PCH_HEADER = "kz_pch.h"
+# What is built ahead: a CUDA source's bindings unit with the host flags candidates pass most (none, -O3);
+# a unit with other flags compiles without one (GCC refuses a header precompiled with other options).
+PCH_VARIANTS: tuple[tuple[bool, tuple[str, ...]], ...] = ((True, ()), (True, ("-O3",)))
 
 # Declarations that torch's headers need from the CUDA math libraries, for a compile-only
 # machine whose toolkit lacks them. Calls into those libraries still fail (ToolchainUnavailable).
@@ -633,7 +645,7 @@ def cpp_unit(request: InlineRequest, tier: str) -> str:
             target = f"torch::wrap_pybind_function({fname})" if request.with_pytorch_error_handling else fname
             parts.append(f'm.def("{fname}", {target}, "{doc}");')
         parts.append("}")
-    return _swap_umbrellas("\n".join(parts), tier, '#include "kz_bindings.h"')
+    return _swap_umbrellas("\n".join(parts), tier, BINDINGS_PRELUDE_INCLUDE)
 
 
 def cuda_unit(request: InlineRequest, tier: str) -> str:
@@ -662,16 +674,26 @@ def prelude(request: InlineRequest, toolchain: Toolchain, tier: str, *, bindings
     lines = ["#pragma once"]
     if tier == "lean":  # what sets it apart from the minimal tier is on the include path
         lines.append(f"// kz: ATen/ops/<name>.h from {LEAN_INCLUDE_DIR}/, without {', '.join(sorted(OPERATOR_CONTEXT_HEADERS))}")
+    operators = [f"#include <ATen/ops/{op}.h>" for op in sorted(source_ops(request, toolchain))]
     if tier == "light":
-        lines.append("#include <torch/types.h>")
+        lines += ["#include <torch/types.h>", *(f"#include <{h}>" for h in BINDINGS_HEADERS if bindings)]
+    elif bindings:  # what a precompiled header may hold (it then skips here), then the source's operators
+        lines += [bindings_base(toolchain), *operators]
     else:
-        lines += [f"#include <{h}>" for h in MINIMAL_BASE_HEADERS]
-        lines += [f"#include <ATen/ops/{op}.h>" for op in sorted(source_ops(request, toolchain))]
-    if bindings:
-        lines += [f"#include <{h}>" for h in BINDINGS_HEADERS]
-    if tier in ("lean", "minimal"):
-        lines.append(torch_namespace_block(toolchain.torch_include) or "")
+        lines += [
+            *(f"#include <{h}>" for h in MINIMAL_BASE_HEADERS),
+            *operators,
+            torch_namespace_block(toolchain.torch_include) or "",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def bindings_base(toolchain: Toolchain) -> str:
+    """What a bindings unit starts with at the lean and minimal tiers, under its own guard: the text of the
+    precompiled header, if there is one (``prebuilt_pch``), and of the unit's prelude either way."""
+    includes = [f"#include <{h}>" for h in MINIMAL_BASE_HEADERS + BINDINGS_HEADERS]
+    namespace = torch_namespace_block(toolchain.torch_include) or ""
+    return "\n".join([f"#ifndef {_BINDINGS_BASE_GUARD}", f"#define {_BINDINGS_BASE_GUARD}", *includes, namespace, "#endif"])
 
 
 def _identifiers(source: str) -> set[str]:
@@ -890,9 +912,10 @@ class Attempt:
     ok: bool
     seconds: float
     stderr: str
+    pch: bool = False  # a precompiled bindings base was used
 
     def describe(self) -> str:
-        return f"{self.tier}({self.seconds:.1f}s{'' if self.ok else ' failed'})"
+        return f"{self.tier}{'+pch' if self.pch else ''}({self.seconds:.1f}s{'' if self.ok else ' failed'})"
 
 
 def compile_ladder(
@@ -936,12 +959,66 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
         cmd = [toolchain.cxx, *cpp_flags(request, toolchain)]
     if tier == "lean":  # -I: searched before torch's -isystem directories
         cmd.insert(1, f"-I{write_lean_headers(request, toolchain, unit_dir)}")
+    pch = prebuilt_pch(request, toolchain) if not cuda and tier in ("lean", "minimal") and _opens_with_prelude(text) else None
+    if pch is not None:  # GCC reads kz_pch.h.gch beside it, or the text if the flags void it (and says why)
+        cmd += ["-include", str(pch), "-Winvalid-pch"]
     started = time.perf_counter()
     if cuda:
         result = _checked(compile_cu(cmd, source, work / f"{unit}.o", unit_dir), cmd)
     else:
         result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
-    return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), result.stderr or result.stdout)
+    stderr = result.stderr or result.stdout
+    pch_used = pch is not None and f"{PCH_HEADER}.gch: not used" not in stderr
+    return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), stderr, pch_used)
+
+
+def _opens_with_prelude(text: str) -> bool:
+    """Whether the unit's prelude comes before anything else in it: a header included ahead of the unit
+    (``-include``) must not move past a line of the source (a ``#define`` meant for torch's headers)."""
+    return _COMMENT.sub(" ", text).lstrip().startswith(BINDINGS_PRELUDE_INCLUDE)
+
+
+def pch_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
+    """``main.cpp``'s flags less its extension's name: one precompiled header serves every name (GCC takes a
+    macro the header never saw, not one it saw defined otherwise)."""
+    return [f for f in cpp_flags(request, toolchain) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+
+
+def pch_key(request: InlineRequest, toolchain: Toolchain) -> str:
+    """Which precompiled bindings base a unit can use: the compiler, its flags and the header's text. A
+    compile-only machine's stub headers live in each process's own cache, and no bindings header reads them."""
+    flags = [f.replace(toolchain.stub_include, "<stubs>") if toolchain.stub_include else f for f in pch_flags(request, toolchain)]
+    blob = json.dumps([STRATEGY_VERSION, toolchain.cxx_version, flags, bindings_base(toolchain)]).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def prebuilt_pch(request: InlineRequest, toolchain: Toolchain) -> Path | None:
+    """The precompiled bindings base for this unit's flags under ``$KZ_BINDINGS_PCH``, if one was built."""
+    root = os.environ.get(BINDINGS_PCH_ENV)
+    header = Path(root) / pch_key(request, toolchain) / PCH_HEADER if root else None
+    return header if header is not None and header.with_name(f"{PCH_HEADER}.gch").is_file() else None
+
+
+def build_bindings_pch(
+    root: Path, *, compile_only: bool, variants: Sequence[tuple[bool, tuple[str, ...]]] = PCH_VARIANTS
+) -> list[Path]:
+    """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/<pch_key>/``, side by
+    side; the directories built (a variant that fails to build is left out: its units compile without)."""
+    toolchain = detect_toolchain(root, compile_only=compile_only, arch=None)
+
+    def build_one(variant: tuple[bool, tuple[str, ...]]) -> Path | None:
+        request = make_request("kz_pch", "", with_cuda=variant[0], extra_cflags=list(variant[1]))
+        target = root / pch_key(request, toolchain)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / PCH_HEADER).write_text(bindings_base(toolchain) + "\n")
+        header = [toolchain.cxx, *pch_flags(request, toolchain), "-x", "c++-header", str(target / PCH_HEADER)]
+        if _run([*header, "-o", str(target / f"{PCH_HEADER}.gch")], target).returncode == 0:
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(variants))) as pool:
+        return [target for target in pool.map(build_one, variants) if target is not None]
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

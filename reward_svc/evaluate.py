@@ -26,7 +26,7 @@ from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
 from reward_svc.redact import Redactor
-from reward_svc.triton_layers import HARNESS_CHILD, TritonLayers
+from reward_svc.shared_builds import HARNESS_CHILD, SharedBuilds
 from services.children.device import gpu_lock, likely_device, resolve_device
 from services.children.layout import Layout
 from services.children.pool import Child, ChildPool, PoolClosed
@@ -82,7 +82,7 @@ class Evaluator:
                     CHILD_WARM_UP_S,
                     warm_children(self.settings, device),
                     HARNESS_CHILD,
-                    TritonLayers(self.layout, device),
+                    SharedBuilds(self.layout, device),
                 )
             return self._pools[device]
 
@@ -372,6 +372,8 @@ class Evaluator:
             if cached is None and build.exists() and verdict.status in ("correct", "incorrect"):
                 self.builds.publish(build, source)  # a clean run's artefacts only (build_cache.py)
             verdict.details["compile_cache_hit"] = cached is not None
+            if result.get("builds"):
+                verdict.details["builds"] = result["builds"]  # each load_inline call: its header tiers and seconds
             if isinstance(result.get("device_peak_bytes"), int):
                 verdict.details["device_peak_bytes"] = result["device_peak_bytes"]
             verdict.details["isolation"] = outcome.isolation

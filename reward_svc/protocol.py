@@ -119,6 +119,7 @@ class CandidateResult(TypedDict, total=False):
     observations: Observations
     phases: dict[str, float]
     trial_holds: dict[str, float]  # its ``trials`` phase by what ran in the holds (``HoldSplit``): diagnostics only
+    builds: list[dict[str, Any]]  # its load_inline builds (``compile.CompileEntry``: tiers, seconds): diagnostics only
     output_fingerprints: dict[str, list[int]]
     timing: Timing
     device_peak_bytes: int  # reported beside the worker's estimate (reward_svc/admission.py); never trusted

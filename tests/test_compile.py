@@ -6,6 +6,7 @@ slow run real compiles of torch-header sources (tens of seconds on a 2-core mach
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import threading
 import time
@@ -313,3 +314,29 @@ def test_unknown_nvcc_plan_shape_falls_back() -> None:
     from reward_svc.nvcc_phases import parse_dryrun
 
     assert parse_dryrun("#$ gcc -E a.cu\n#$ ptxas a.ptx\n") is None
+
+
+@pytest.mark.slow
+def test_a_precompiled_bindings_base_serves_every_extension_name_and_only_its_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (built,) = kzc.build_bindings_pch(tmp_path / "pch", compile_only=False, variants=[(False, ())])
+    assert (built / f"{kzc.PCH_HEADER}.gch").is_file()
+    monkeypatch.setenv(kzc.BINDINGS_PCH_ENV, str(tmp_path / "pch"))
+    source = 'torch::Tensor add_one(torch::Tensor x) { TORCH_CHECK(x.dim() == 1, "1-d only"); return x.add(1); }'
+    for name in ("first_ext", "second_ext"):  # the extension's name is a macro the header never sees
+        log = kzc.install_fast_load_inline(tmp_path / name)
+        module = cpp_extension.load_inline(name=name, cpp_sources=source, functions=["add_one"])
+        torch.testing.assert_close(module.add_one(torch.zeros(3)), torch.ones(3))
+        with pytest.raises(RuntimeError, match="1-d only"):
+            module.add_one(torch.zeros(2, 2))
+        assert log.entries[0].strategy.startswith("cpp:lean+pch("), log.entries[0].strategy
+    # other host flags: no header was built for them, the unit compiles as before
+    log = kzc.install_fast_load_inline(tmp_path / "flags")
+    cpp_extension.load_inline(name="flags_ext", cpp_sources=source, functions=["add_one"], extra_cflags=["-O2"])
+    assert log.entries[0].strategy.startswith("cpp:lean("), log.entries[0].strategy
+    # a line before the prelude (a #define meant for torch's headers) must stay before them: no header ahead
+    ahead = kzc.make_request("ahead", "#define KZ_BEFORE 1\n#include <torch/extension.h>\n" + source, functions=["add_one"])
+    builder = kzc.Builder(tmp_path / "ahead")
+    builder.load(dataclasses.replace(ahead, no_implicit_headers=True))
+    assert builder.log.entries[0].ok and "+pch" not in builder.log.entries[0].strategy

@@ -22,7 +22,7 @@ from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers
 from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots
 from reward_svc.harness.reference import cases_within
-from reward_svc.triton_layers import HARNESS_CHILD
+from reward_svc.shared_builds import HARNESS_CHILD
 from services.children.device import likely_device
 from services.children.layout import Layout, owner_tag
 from services.children.pool import Child, ChildPool, PoolClosed

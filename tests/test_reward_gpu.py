@@ -3,13 +3,16 @@ Runs on the device machine (`pytest -m gpu`); skipped where no GPU is visible.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from cuda_cases import CUDA_RELU
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate, hacks_not_caught
+from reward_svc.compile import PCH_HEADER
 from reward_svc.evaluate import Evaluator
+from reward_svc.shared_builds import SharedBuilds
 from services.config import Settings
 from services.schemas.reward import ScoreOptions
 
@@ -31,6 +34,25 @@ def test_cuda_and_triton_kernels_are_verified_and_timed(evaluator: Evaluator) ->
     for verdict in (triton_verdict, cuda_verdict):
         assert verdict.status == "correct", verdict.reason
         assert verdict.speedup is not None and verdict.runtime_ms and verdict.ref_runtime_ms
+
+
+def test_a_cold_cuda_build_starts_from_the_bindings_header_its_worker_built(evaluator: Evaluator) -> None:
+    """The GPU pool's worker builds the bindings' precompiled header in the background (shared_builds.py);
+    children started once it is published compile main.cpp against it."""
+    pool = evaluator.pool("cuda")
+    shared = pool.extras
+    assert isinstance(shared, SharedBuilds)
+    deadline = time.monotonic() + 300
+    while not any(shared.bindings_pch.glob(f"*/{PCH_HEADER}.gch")):
+        assert time.monotonic() < deadline, "no bindings header published in 300 s"
+        time.sleep(1)
+    for _ in range(pool.size):  # the warm children started before it was published
+        pool.take().discard()
+    cold = CUDA_RELU + "\n# a source of its own, so its build is cold\n"
+    (verdict,) = evaluator.evaluate_group(RELU_REFERENCE, [cold], ScoreOptions(backend="cuda", device="cuda")).verdicts
+    assert verdict.status == "correct", verdict.reason
+    (build,) = verdict.details["builds"]
+    assert build["strategy"].startswith("cpp:lean+pch(") and " cu:lean(" in build["strategy"], build
 
 
 def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> None:

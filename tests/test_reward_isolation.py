@@ -22,7 +22,7 @@ import torch
 from reward_svc import verify
 from reward_svc.build_cache import BuildCache, artefacts
 from reward_svc.redact import Redactor
-from reward_svc.triton_layers import HARNESS_CHILD
+from reward_svc.shared_builds import HARNESS_CHILD
 from services.children import tensors
 from services.children.device import DeviceLock, gpu_lock
 from services.children.layout import Layout
@@ -135,7 +135,7 @@ def test_only_the_artefacts_a_build_makes_are_published(tmp_path: Path) -> None:
 CHILD_FROM_A_RELATIVE_INTERPRETER = """
 import sys
 from pathlib import Path
-from reward_svc.triton_layers import HARNESS_CHILD
+from reward_svc.shared_builds import HARNESS_CHILD
 from services.children.layout import Layout
 from services.children.pool import ChildPool
 from services.config import Settings

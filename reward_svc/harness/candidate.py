@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from reward_svc.compile import CompileLog, install_fast_load_inline
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, install_audit_hook
 from reward_svc.harness.reference import timing_rotation
 from reward_svc.policy import check_native_sources
@@ -52,13 +53,11 @@ COMPILE_ONLY_MARK = "compiled only"
 SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
 
 
-def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec) -> None:
-    """Route load_inline through the cached fast path and count calls into what it builds."""
+def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec) -> CompileLog:
+    """Route load_inline through the cached fast path and count calls into what it builds; the log of its builds."""
     import torch.utils.cpp_extension as cpp_extension
 
-    from reward_svc.compile import install_fast_load_inline
-
-    install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
+    builds = install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
     if spec["device"] == "cuda":  # the interpreter compiles nothing: no Triton build to keep
         _route_triton_cache(Path(spec["compile_cache"]), readonly=bool(spec.get("compile_cache_readonly")))
         _compile_triton_off_device()
@@ -73,6 +72,7 @@ def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec) -> None:
         return counter.wrap_extension(module, name) if kwargs.get("is_python_module", True) else module
 
     cpp_extension.load_inline = load_inline
+    return builds
 
 
 def _route_triton_cache(compile_cache: Path, *, readonly: bool) -> None:
@@ -207,7 +207,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     counter = LaunchCounter()
     counter.copies_are_work = bool(spec.get("copies_are_work"))
     counter.install_triton()
-    _install_compile_hooks(counter, spec)
+    builds = _install_compile_hooks(counter, spec)
     if device != "cuda":
         _first_autotune_config_when_interpreted()
     arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"])
@@ -226,7 +226,9 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     except Rejected as rejection:
         return {"status": "rejected", "guard": rejection.rule, "reason": rejection.reason, "observations": observations}
     except Exception as exc:
-        return _failure(exc, "while importing the candidate")
+        failed = _failure(exc, "while importing the candidate")
+        failed["builds"] = builds.to_json()  # which header tiers a compile error met
+        return failed
     if not hasattr(module, "ModelNew"):
         return {"status": "compile_error", "reason": "the candidate defines no ModelNew"}
 
@@ -293,6 +295,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
                 "status": "unverified",
                 "reason": "the CUDA source compiles with nvcc; running it needs a GPU (none here)",
                 "observations": _finish_observations(observations, counter, snapshot),
+                "builds": builds.to_json(),
             }
         return _failure(exc, "while running ModelNew", observations)
 
@@ -303,6 +306,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         "phases": phases.seconds,
         "trial_holds": holds.seconds,
         "output_fingerprints": outputs.fingerprints,
+        "builds": builds.to_json(),
     }
     if device == "cuda" and spec.get("time") and not observations["replaced_functions"]:
         try:

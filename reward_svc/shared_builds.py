@@ -1,0 +1,77 @@
+"""What the reward harness's children share read-only, built by children that run only our own code,
+so that no candidate can poison it. This is what the reward pool's children need beyond what every
+pooled child gets.
+
+- ``cache/triton-base``: Triton's driver stubs and the warm-up kernel. Each child reads Triton's cache
+  through ``harness/triton_cache.py`` (``TRITON_CACHE_MANAGER``): read-only layers first (its source's
+  published build, then this base), and writes only to its own work dir.
+- ``cache/bindings-pch``: GCC precompiled headers of what every ``load_inline`` bindings unit starts
+  with (``compile.build_bindings_pch``: torch's tensor, pybind and torch's binding helpers), found by
+  each build through ``$KZ_BINDINGS_PCH``; half of ``main.cpp``'s compile. It is built in the
+  background (seconds of CPU), so the first jobs do not wait for it: children started before it was
+  published compile without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import structlog
+
+from reward_svc.compile import BINDINGS_PCH_ENV
+from services.children.files import publish_dir
+from services.children.layout import Layout
+from services.children.pool import ChildPool, PoolClosed
+
+HARNESS_CHILD = "reward_svc.harness.child"
+BINDINGS_PCH_TIMEOUT_S = 600.0
+
+log = structlog.get_logger(__name__)
+
+
+class SharedBuilds:
+    """The reward harness's ``ChildExtras``."""
+
+    def __init__(self, layout: Layout, device: str) -> None:
+        self.triton_base, self.bindings_pch, self.device = layout.cache / "triton-base", layout.cache / "bindings-pch", device
+
+    def env(self, workdir: Path) -> dict[str, str]:
+        # harness/triton_cache.py is named here, not imported: that module imports triton
+        return {
+            "TRITON_CACHE_MANAGER": "reward_svc.harness.triton_cache:LayeredCacheManager",
+            "KZ_TRITON_LAYERS": str(self.triton_base) if self.triton_base.is_dir() else "",
+            BINDINGS_PCH_ENV: str(self.bindings_pch) if self.bindings_pch.is_dir() else "",
+        }
+
+    def readonly_dirs(self) -> tuple[Path, ...]:
+        return (self.triton_base, self.bindings_pch)
+
+    def prime(self, pool: ChildPool) -> None:
+        """On a GPU (where load_inline builds for real), start building the bindings' precompiled headers,
+        and build Triton's stubs; once per machine, the first worker to publish them wins."""
+        if self.device != "cuda":
+            return
+        if not self.bindings_pch.exists():
+            threading.Thread(target=self.build_bindings_pch, args=(pool,), name="bindings-pch", daemon=True).start()
+        if not self.triton_base.exists():
+            self._publish(pool, "prime", "triton", self.triton_base)
+
+    def build_bindings_pch(self, pool: ChildPool) -> bool:
+        """Build the precompiled bindings headers in a child of ``pool`` and publish them; False if another
+        worker did first, or the build came to nothing (builds then compile without)."""
+        try:
+            return self._publish(pool, "bindings_pch", "bindings-pch", self.bindings_pch, BINDINGS_PCH_TIMEOUT_S)
+        except PoolClosed:  # the worker is stopping
+            return False
+
+    def _publish(self, pool: ChildPool, role: str, built: str, target: Path, timeout_s: float | None = None) -> bool:
+        child = pool.spawn()
+        try:
+            _, result = child.run({"role": role}, wall_timeout_s=timeout_s)
+            if result and result.get("status") == "ok" and any((child.workdir / built).glob("*")):
+                return publish_dir(child.workdir / built, target)  # False: another worker published it first
+            log.warning("shared_builds.not_built", role=role, result=result)
+            return False
+        finally:
+            child.discard()
