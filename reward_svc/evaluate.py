@@ -34,6 +34,8 @@ from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from services.schemas.reward import ScoreOptions, Verdict
 
+REPORTED_BUILDS = 8
+BUILD_FIELDS = frozenset({"name", "strategy", "seconds", "cache_hit", "ok"})  # of compile.CompileEntry
 CHILD_WARM_UP_S = 600.0  # the most a taken child is waited for to warm up (16 at once take about 15 s on the H200 host)
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
 
@@ -373,13 +375,24 @@ class Evaluator:
                 self.builds.publish(build, source)  # a clean run's artefacts only (build_cache.py)
             verdict.details["compile_cache_hit"] = cached is not None
             if result.get("builds"):
-                verdict.details["builds"] = result["builds"]  # each load_inline call: its header tiers and seconds
+                verdict.details["builds"] = reported_builds(result["builds"])
             if isinstance(result.get("device_peak_bytes"), int):
                 verdict.details["device_peak_bytes"] = result["device_peak_bytes"]
             verdict.details["isolation"] = outcome.isolation
             return verdict
         finally:
             child.discard()
+
+
+def reported_builds(reported: object) -> list[dict[str, Any]]:
+    """What a candidate's child says of its load_inline calls (header tiers, seconds): diagnostics, never
+    trusted, so only the first few and their plain fields reach the verdict."""
+    entries = reported[:REPORTED_BUILDS] if isinstance(reported, list) else []
+    return [
+        {k: v for k, v in entry.items() if k in BUILD_FIELDS and isinstance(v, str | int | float | bool) and len(str(v)) <= 300}
+        for entry in entries
+        if isinstance(entry, dict)
+    ]
 
 
 def _release_device_memory(device: str) -> None:

@@ -11,14 +11,13 @@ import pytest
 from cuda_cases import CUDA_RELU
 from reward_cases import RELU_REFERENCE
 from reward_svc import compile as kzc
-from reward_svc.evaluate import Evaluator
+from reward_svc.evaluate import REPORTED_BUILDS, Evaluator, reported_builds
 from reward_svc.shared_builds import SharedBuilds
 from services.config import Settings
 from services.schemas.reward import ScoreOptions
 
-pytestmark = pytest.mark.slow  # a child precompiles torch's headers (seconds of CPU each)
 
-
+@pytest.mark.slow  # a child precompiles torch's headers (seconds of CPU each)
 def test_the_bindings_pch_is_built_in_a_child_published_and_used_by_later_builds(tmp_path: Path) -> None:
     evaluator = Evaluator(Settings(data_dir=tmp_path, reward_warm_children=1, reward_parallel_children=2))
     try:
@@ -39,3 +38,11 @@ def test_the_bindings_pch_is_built_in_a_child_published_and_used_by_later_builds
         assert build["ok"] and build["strategy"].startswith("cpp:lean+pch(") and " cu:lean(" in build["strategy"], build
     finally:
         evaluator.close()
+
+
+def test_a_childs_account_of_its_builds_reaches_the_verdict_trimmed() -> None:
+    """The child reports its builds (its own process could rewrite the log): plain fields, the first few."""
+    honest = {"name": "relu_ext", "strategy": "cpp:lean+pch(3.4s) cu:lean(7.2s) parallel", "seconds": 7.3, "ok": True}
+    padded = {**honest, "cache_hit": False, "stderr_tail": "...", "content_hash": "ab", "extra": {"nested": [1] * 1000}}
+    assert reported_builds([padded, "not a build", {"strategy": "x" * 10_000}]) == [{**honest, "cache_hit": False}, {}]
+    assert len(reported_builds([honest] * 1000)) == REPORTED_BUILDS and reported_builds({"a": 1}) == []
