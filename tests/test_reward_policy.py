@@ -232,6 +232,23 @@ FOURTH_ROUND = {
 }
 
 
+# Found by a review of the native lexer: a quote that is no literal's, or a comment marker inside one.
+LEXER_NATIVE = {
+    "a call between digit separators": "#include <cstdlib>\nvoid f() { int a = 1'0; std::system(\"id\"); int b = 2'0; }",
+    "an include between comment markers in strings": 'auto s = "/*";\n#include <unistd.h>\nauto t = "*/";',
+    "an include after a raw string's comment marker": 'auto s = R"x(/*)x";\n#include <unistd.h>\nauto t = "*/";',
+}
+
+
+def test_the_native_lexer_reads_literals_as_the_compiler_does() -> None:
+    passed = [name for name, source in LEXER_NATIVE.items() if check_native_sources("", source) is None]
+    assert passed == []
+    numbers_and_characters = "char c = 'a', d = u8'b'; wchar_t w = L'x'; long n = 0x1'FF + 1'000'000; double g = 1.5e+3;"
+    assert (
+        check_native_sources("", f'#include "torch/extension.h"\nvoid f() {{ auto s = "//"; {numbers_and_characters} }}') is None
+    )
+
+
 @pytest.mark.parametrize("name", sorted(FOURTH_ROUND))
 def test_fourth_round_routes_are_refused(name: str) -> None:
     assert check_source(FOURTH_ROUND[name]), f"{name} passed the policy"

@@ -315,7 +315,8 @@ def _inside_device_function(tokens: Sequence[str], at: int) -> bool:
 
 def _strip(source: str, *, strings: bool) -> str:
     """Comments removed (line structure kept); with ``strings``, string and character literals (raw
-    ones too) emptied as well: their text is not code."""
+    ones too) emptied as well: their text is not code. Either way a literal is read as one, so a
+    ``/*`` or ``//`` inside it opens no comment (one that did would hide the lines after it)."""
     out, i, n = [], 0, len(source)
     while i < n:
         c = source[i]
@@ -326,21 +327,31 @@ def _strip(source: str, *, strings: bool) -> str:
             j = source.find("*/", i + 2)
             out.append("\n" * source.count("\n", i, n if j < 0 else j))
             i = n if j < 0 else j + 2
-        elif strings and c == "R" and source.startswith('R"', i) and source.find("(", i + 2) >= 0:
+        elif c == "R" and source.startswith('R"', i) and source.find("(", i + 2) >= 0:
             delimiter = source[i + 2 : source.find("(", i + 2)]
             end = source.find(f'){delimiter}"', i)
-            out.append('""')
-            i = n if end < 0 else end + len(delimiter) + 2
-        elif strings and c in "\"'":
+            j = n if end < 0 else end + len(delimiter) + 2
+            out.append('""' if strings else source[i:j])
+            i = j
+        elif c in "\"'" and not (c == "'" and _in_number(source, i)):  # 1'000: a digit separator
             j = i + 1
             while j < n and source[j] != c and source[j] != "\n":
                 j += 2 if source[j] == "\\" else 1
-            out.append(c + c)
+            out.append(c + c if strings else source[i : j + 1])
             i = j + 1
         else:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+def _in_number(source: str, at: int) -> bool:
+    """Whether ``at`` is inside a number (a pp-number: ``1'000``, ``0x1'FF``, ``1.5e+3``), whose quotes
+    separate digits and start no character literal (``u8'a'`` and ``L'a'`` start with a letter)."""
+    start = at
+    while start > 0 and (source[start - 1].isalnum() or source[start - 1] in "_.'"):
+        start -= 1
+    return start < at and (source[start].isdigit() or source[start] == "." and source[start + 1 : start + 2].isdigit())
 
 
 def _as_list(value: Any) -> list[Any]:
