@@ -8,7 +8,7 @@ the child left there (links, FIFOs, other files, junk) is dropped. A child never
 own source's build is hard-linked into its read-only inbox (sandbox.py), so no candidate reads or
 poisons another's binaries. The cache is capped (``KZ_REWARD_CACHE_MAX_BYTES``): least recently
 used builds go first, but never one used within ``in_use_s``, since a running child may be loading
-it. ``triton-base`` and ``bindings-pch`` (reward_svc/shared_builds.py) are never evicted.
+it. ``triton-base`` and ``bindings-pch-*`` (reward_svc/shared_builds.py) are never evicted.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 from services.children.files import publish_dir
 from services.db.tasks import source_sha256
 
-PROTECTED = frozenset({"triton-base", "bindings-pch", ".inbox"})
+PROTECTED = frozenset({"triton-base", ".inbox"})
+PROTECTED_PREFIX = "bindings-pch-"  # one per torch (reward_svc/shared_builds.py)
 ARTEFACT_SUFFIXES = frozenset(
     {
         ".so",
@@ -83,7 +84,11 @@ class BuildCache:
         """Remove least recently used builds until the cache is within its cap; returns their names."""
         with self._lock:
             self._last_check = time.monotonic()
-            entries = [(p.stat().st_mtime, _size(p), p) for p in self.root.iterdir() if p.name not in PROTECTED and p.is_dir()]
+            entries = [
+                (p.stat().st_mtime, _size(p), p)
+                for p in self.root.iterdir()
+                if p.name not in PROTECTED and not p.name.startswith(PROTECTED_PREFIX) and p.is_dir()
+            ]
             total = sum(size for _, size, _ in entries)
             evicted: list[str] = []
             cutoff = time.time() - self.in_use_s

@@ -53,6 +53,7 @@ compile_strategies_cpu.json``), cold and cached builds on a GPU host by ``benchm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -87,14 +88,26 @@ _UMBRELLA_INCLUDE = re.compile(
     re.MULTILINE,
 )
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_QUOTED = re.compile(
+    "[\u2018'\"`]([^\u2018\u2019'\"`\n]{1,200})[\u2019'\"`]"
+)  # a diagnostic's quoted names: gcc's ‘x’, nvcc's "x"
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
-# Comments and string or character literals, in one left-to-right scan (a "//" in a string is no comment).
-_NOT_CODE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
+# Comments and string or character literals (raw ones too), in one left-to-right scan (a "//" in a string
+# is no comment); numbers are matched to be kept, so that a digit separator (1'000) opens no literal.
+_NOT_CODE = re.compile(
+    r"//[^\n]*|/\*.*?\*/"
+    r'|(?<!\w)(?:u8|u|U|L)?R"([^()\\\s]{0,16})\(.*?\)\1"'
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|(?<![\w.])\.?\d(?:[eEpP][+-]|'?[\w.])*"
+    r"|'(?:\\.|[^'\\\n])*'",
+    re.DOTALL,
+)
 # Names that touch requires_grad (where torch:: and at:: factories differ), autograd or registration,
 # and the factories whose torch:: and at:: overloads differ, called: a source using any of them skips
-# the minimal tier (a variable or a parameter named ``tensor`` means nothing to torch).
+# the minimal tier (a variable or a parameter named ``tensor`` means nothing to torch; ``torch::tensor``
+# named anywhere, in a macro or in parentheses, does).
 _MINIMAL_SCREEN = frozenset({"requires_grad", "autograd", "TORCH_LIBRARY", "TORCH_LIBRARY_IMPL"})
-_MINIMAL_SCREEN_CALLS = re.compile(r"\b(?:tensor|from_blob)\s*\(")
+_MINIMAL_SCREEN_CALLS = re.compile(r"\b(?:tensor|from_blob)\s*\(|\btorch\s*::\s*(?:tensor|from_blob)\b")
 _OPS_HEADER_SUFFIXES = ("_ops", "_native", "_meta", "_dispatch")
 # What every per-operator header includes for the runtime around its operator, not for its own
 # declarations (those need only the operator's ``_ops.h``, ``TensorOptions`` and kin).
@@ -214,17 +227,20 @@ class Toolchain:
 # ----------------------------------------------------------------------------- public entry
 
 
-def install_fast_load_inline(cache_dir: Path, *, compile_only: bool = False, arch: str | None = None) -> CompileLog:
+def install_fast_load_inline(
+    cache_dir: Path, *, compile_only: bool = False, arch: str | None = None, layers: Sequence[Path] = ()
+) -> CompileLog:
     """Replace ``torch.utils.cpp_extension.load_inline`` in this process; return the log it fills.
 
     Must run before the candidate imports ``load_inline`` by name. ``arch`` (e.g. ``"sm_90"``)
     overrides the target; by default it is the current device's, or sm_90 when compile-only.
+    ``layers`` are read-only caches looked up before ``cache_dir``, where a miss builds.
     Calling it again replaces the previous installation (and returns a fresh log).
     """
     import torch.utils.cpp_extension as cpp_extension
 
     original = getattr(cpp_extension.load_inline, "_kz_original", cpp_extension.load_inline)
-    builder = Builder(Path(cache_dir), compile_only=compile_only, arch=arch)
+    builder = Builder(Path(cache_dir), compile_only=compile_only, arch=arch, layers=layers)
 
     @functools.wraps(original)
     def load_inline(
@@ -344,8 +360,11 @@ def _normalise_functions(functions: str | Sequence[str] | dict[str, str] | None)
 class Builder:
     """Builds (or finds) one ``load_inline`` request; owns the cache directory and the log."""
 
-    def __init__(self, cache_dir: Path, *, compile_only: bool = False, arch: str | None = None) -> None:
+    def __init__(
+        self, cache_dir: Path, *, compile_only: bool = False, arch: str | None = None, layers: Sequence[Path] = ()
+    ) -> None:
         self.cache_dir = cache_dir
+        self.layers = tuple(layers)  # read-only caches looked up first (a source's published build)
         self.compile_only = compile_only
         self.arch = arch
         self.log = CompileLog()
@@ -361,7 +380,7 @@ class Builder:
             "strategy": STRATEGY_VERSION,
             "compile_only": self.compile_only,
             "request": asdict(request),
-            "toolchain": asdict(self.toolchain),
+            "toolchain": portable(self.toolchain),
         }
         blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:32]
@@ -370,7 +389,7 @@ class Builder:
         """Return the built module (or stand-in), building it on a miss; log one entry either way."""
         start = time.perf_counter()
         key = self.content_hash(request)
-        entry_dir = self.cache_dir / key
+        entry_dir = next((d / key for d in self.layers if _read_meta(d / key) is not None), self.cache_dir / key)
         meta = _read_meta(entry_dir)
         cache_hit = meta is not None
         if meta is None:
@@ -475,6 +494,15 @@ def _compiled_only_function(name: str) -> Callable[..., Any]:
 
 
 # ----------------------------------------------------------------------------- toolchain
+
+
+STUBS = "<stubs>"
+
+
+def portable(toolchain: Toolchain) -> dict[str, Any]:
+    """The toolchain as a cache key: a compile-only machine's stub headers are the same text in every
+    process's own cache (versioned by their directory's name), so where they are does not count."""
+    return {**asdict(toolchain), "stub_include": STUBS if toolchain.stub_include else None}
 
 
 def detect_toolchain(cache_dir: Path, *, compile_only: bool, arch: str | None) -> Toolchain:
@@ -612,8 +640,17 @@ def minimal_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
 def lean_tier_allowed(request: InlineRequest, toolchain: Toolchain) -> bool:
     """The lean tier has something to leave out (operator headers), and no name that only their context declares."""
     names = _identifiers("\n".join(request.cpp_sources + request.cuda_sources))
-    ops = names & aten_ops(toolchain.torch_include)
-    return bool(ops) and not names & context_only_names(toolchain.torch_include, operator_includes(toolchain.torch_include, ops))
+    context = _context_names(request, toolchain)
+    return bool(names & aten_ops(toolchain.torch_include)) and context is not None and not names & context
+
+
+def _context_names(request: InlineRequest, toolchain: Toolchain) -> frozenset[str] | None:
+    """``context_only_names`` for the source's operators; None where a header cannot be read (no lean tier then)."""
+    try:
+        includes = operator_includes(toolchain.torch_include, source_ops(request, toolchain))
+        return context_only_names(toolchain.torch_include, includes)
+    except (OSError, UnicodeDecodeError, RecursionError):
+        return None
 
 
 def operator_includes(torch_include: str, ops: Iterable[str]) -> frozenset[str]:
@@ -632,7 +669,8 @@ def warm_header_screen() -> None:
     torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
     ops = aten_ops(torch_include)
     if ops and torch_namespace_block(torch_include) is not None:
-        context_only_names(torch_include, operator_includes(torch_include, [min(ops)]))
+        with contextlib.suppress(OSError, UnicodeDecodeError, RecursionError):  # then each build works it out, or goes without
+            context_only_names(torch_include, operator_includes(torch_include, [min(ops)]))
 
 
 def cpp_unit(request: InlineRequest, tier: str) -> str:
@@ -702,7 +740,14 @@ def _identifiers(source: str) -> set[str]:
 
 
 def _code_only(source: str) -> str:
-    return _NOT_CODE.sub(lambda m: '""' if m.group(0)[0] in "\"'" else " ", source)
+    return _NOT_CODE.sub(_blank, source)
+
+
+def _blank(match: re.Match[str]) -> str:
+    text = match.group(0)
+    if text.startswith(("//", "/*")):
+        return " "
+    return text if text[0].isdigit() or text[0] == "." else '""'  # a number stays; a literal is emptied
 
 
 def source_ops(request: InlineRequest, toolchain: Toolchain) -> set[str]:
@@ -925,6 +970,9 @@ def compile_ladder(
     attempts: list[Attempt] = []
     compiled: set[str] = set()
     for tier in tiers:
+        failed_lean = attempts[-1] if attempts and attempts[-1].tier == "lean" else None
+        if tier == "minimal" and failed_lean is not None and not _lacks_context(failed_lean, request, toolchain):
+            continue  # it failed on what the minimal tier does not add: a broken source compiles twice, not thrice
         text, header = unit_source(request, toolchain, tier, cuda=cuda)
         if text + (header or "") in compiled:
             break
@@ -933,6 +981,13 @@ def compile_ladder(
         if attempts[-1].ok:
             break
     return attempts
+
+
+def _lacks_context(failed: Attempt, request: InlineRequest, toolchain: Toolchain) -> bool:
+    """Whether a failed lean attempt's diagnostics quote a name that only the operators' context declares."""
+    quoted = {name for text in _QUOTED.findall(failed.stderr) for name in _IDENTIFIER.findall(text)}
+    context = _context_names(request, toolchain)
+    return context is None or bool(quoted & context)
 
 
 def unit_source(request: InlineRequest, toolchain: Toolchain, tier: str, *, cuda: bool) -> tuple[str, str | None]:
@@ -985,10 +1040,11 @@ def pch_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
 
 
 def pch_key(request: InlineRequest, toolchain: Toolchain) -> str:
-    """Which precompiled bindings base a unit can use: the compiler, its flags and the header's text. A
-    compile-only machine's stub headers live in each process's own cache, and no bindings header reads them."""
-    flags = [f.replace(toolchain.stub_include, "<stubs>") if toolchain.stub_include else f for f in pch_flags(request, toolchain)]
-    blob = json.dumps([STRATEGY_VERSION, toolchain.cxx_version, flags, bindings_base(toolchain)]).encode()
+    """Which precompiled bindings base a unit can use: the toolchain (torch's version: GCC checks flags and
+    macros, not whether the headers behind a .gch changed), the flags and the header's text. A compile-only
+    machine's stub headers live in each process's own cache (``portable``), and no bindings header reads them."""
+    flags = [f.replace(toolchain.stub_include, STUBS) if toolchain.stub_include else f for f in pch_flags(request, toolchain)]
+    blob = json.dumps([STRATEGY_VERSION, portable(toolchain), flags, bindings_base(toolchain)], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -1002,8 +1058,9 @@ def prebuilt_pch(request: InlineRequest, toolchain: Toolchain) -> Path | None:
 def build_bindings_pch(
     root: Path, *, compile_only: bool, variants: Sequence[tuple[bool, tuple[str, ...]]] = PCH_VARIANTS
 ) -> list[Path]:
-    """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/<pch_key>/``, side by
-    side; the directories built (a variant that fails to build is left out: its units compile without)."""
+    """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/<pch_key>/``, one
+    after another (beside the first jobs: a core, not two); the directories built (a variant that fails to
+    build is left out: its units compile without)."""
     toolchain = detect_toolchain(root, compile_only=compile_only, arch=None)
 
     def build_one(variant: tuple[bool, tuple[str, ...]]) -> Path | None:
@@ -1017,8 +1074,7 @@ def build_bindings_pch(
         shutil.rmtree(target, ignore_errors=True)
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, len(variants))) as pool:
-        return [target for target in pool.map(build_one, variants) if target is not None]
+    return [target for target in map(build_one, variants) if target is not None]
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

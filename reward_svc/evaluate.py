@@ -9,6 +9,7 @@ import contextlib
 import functools
 import importlib
 import itertools
+import math
 import os
 import secrets
 import shutil
@@ -388,11 +389,14 @@ def reported_builds(reported: object) -> list[dict[str, Any]]:
     """What a candidate's child says of its load_inline calls (header tiers, seconds): diagnostics, never
     trusted, so only the first few and their plain fields reach the verdict."""
     entries = reported[:REPORTED_BUILDS] if isinstance(reported, list) else []
-    return [
-        {k: v for k, v in entry.items() if k in BUILD_FIELDS and isinstance(v, str | int | float | bool) and len(str(v)) <= 300}
-        for entry in entries
-        if isinstance(entry, dict)
-    ]
+    return [{k: v for k, v in entry.items() if k in BUILD_FIELDS and _plain(v)} for entry in entries if isinstance(entry, dict)]
+
+
+def _plain(value: object) -> bool:
+    """A short string, a bool or a finite number (a child's JSON may carry NaN or Infinity)."""
+    if isinstance(value, str):
+        return len(value) <= 300
+    return isinstance(value, bool | int) or isinstance(value, float) and math.isfinite(value)
 
 
 def _release_device_memory(device: str) -> None:

@@ -5,15 +5,20 @@ pooled child gets.
 - ``cache/triton-base``: Triton's driver stubs and the warm-up kernel. Each child reads Triton's cache
   through ``harness/triton_cache.py`` (``TRITON_CACHE_MANAGER``): read-only layers first (its source's
   published build, then this base), and writes only to its own work dir.
-- ``cache/bindings-pch``: GCC precompiled headers of what every ``load_inline`` bindings unit starts
-  with (``compile.build_bindings_pch``: torch's tensor, pybind and torch's binding helpers), found by
-  each build through ``$KZ_BINDINGS_PCH``; half of ``main.cpp``'s compile. It is built in the
-  background (seconds of CPU), so the first jobs do not wait for it: children started before it was
-  published compile without it.
+- ``cache/bindings-pch-<torch>``: GCC precompiled headers of what every ``load_inline`` bindings unit
+  starts with (``compile.build_bindings_pch``: torch's tensor, pybind and torch's binding helpers), found
+  by each build through ``$KZ_BINDINGS_PCH``; half of ``main.cpp``'s compile. One directory per torch
+  and Python (GCC checks a header's flags, not the headers behind it): after an upgrade the next
+  worker builds its own and removes the others. It is built in the background (seconds of CPU), so
+  the first jobs do not wait for it: children started before it was published compile without it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -25,16 +30,27 @@ from services.children.layout import Layout
 from services.children.pool import ChildPool, PoolClosed
 
 HARNESS_CHILD = "reward_svc.harness.child"
+BINDINGS_PCH_PREFIX = "bindings-pch-"
 BINDINGS_PCH_TIMEOUT_S = 600.0
 
 log = structlog.get_logger(__name__)
+
+
+def torch_and_python() -> str:
+    """Which torch and Python this worker runs, without importing torch: what the bindings headers are built for."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    return hashlib.sha256(f"{torch_version} {sys.version}".encode()).hexdigest()[:12]
 
 
 class SharedBuilds:
     """The reward harness's ``ChildExtras``."""
 
     def __init__(self, layout: Layout, device: str) -> None:
-        self.triton_base, self.bindings_pch, self.device = layout.cache / "triton-base", layout.cache / "bindings-pch", device
+        self.triton_base, self.device = layout.cache / "triton-base", device
+        self.bindings_pch = layout.cache / f"{BINDINGS_PCH_PREFIX}{torch_and_python()}"
 
     def env(self, workdir: Path) -> dict[str, str]:
         # harness/triton_cache.py is named here, not imported: that module imports triton
@@ -53,9 +69,17 @@ class SharedBuilds:
         if self.device != "cuda":
             return
         if not self.bindings_pch.exists():
+            self.remove_other_torches_headers()
             threading.Thread(target=self.build_bindings_pch, args=(pool,), name="bindings-pch", daemon=True).start()
         if not self.triton_base.exists():
             self._publish(pool, "prime", "triton", self.triton_base)
+
+    def remove_other_torches_headers(self) -> list[str]:
+        """The bindings headers built for another torch or Python (an upgrade): never used again."""
+        stale = [p for p in self.bindings_pch.parent.glob(f"{BINDINGS_PCH_PREFIX}*") if p != self.bindings_pch]
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return [p.name for p in stale]
 
     def build_bindings_pch(self, pool: ChildPool) -> bool:
         """Build the precompiled bindings headers in a child of ``pool`` and publish them; False if another
@@ -63,6 +87,9 @@ class SharedBuilds:
         try:
             return self._publish(pool, "bindings_pch", "bindings-pch", self.bindings_pch, BINDINGS_PCH_TIMEOUT_S)
         except PoolClosed:  # the worker is stopping
+            return False
+        except Exception:  # a thread of its own: builds go without the header, the worker goes on
+            log.exception("shared_builds.bindings_pch_failed")
             return False
 
     def _publish(self, pool: ChildPool, role: str, built: str, target: Path, timeout_s: float | None = None) -> bool:

@@ -97,11 +97,14 @@ def test_minimal_tier_screens_names_that_resolve_differently(tmp_path: Path) -> 
     # words of a message or a comment are not names (a check's "must be a CUDA tensor" cost the light tier, 4x slower)
     said = 'TORCH_CHECK(a.is_cuda(), "a must be a CUDA tensor, not from_blob"); // requires_grad\n    auto size'
     assert kzc.choose_plan(kb_request(cuda_sources=KB_CUDA.replace("auto size", said)), toolchain).cuda_tiers[0] == "lean"
-    # nor is a variable named after a screened factory; calling one is
+    # nor is a variable named after a screened factory; calling one is, and naming torch's anywhere
     named = kb_request(cuda_sources=KB_CUDA.replace("torch::Tensor a,", "torch::Tensor tensor, torch::Tensor a,"))
     assert kzc.choose_plan(named, toolchain).cuda_tiers[0] == "lean"
-    called = kb_request(cuda_sources=KB_CUDA.replace("torch::zeros_like(a)", "torch::from_blob (a.data_ptr(), {size})"))
-    assert kzc.choose_plan(called, toolchain).cuda_tiers == ("light", "original")
+    for use in ("torch::from_blob (a.data_ptr(), {size})", "(torch :: tensor)({1.5})", "MAKE({1.5})"):
+        called = kb_request(cuda_sources="#define MAKE torch::tensor\n" + KB_CUDA.replace("torch::zeros_like(a)", use))
+        assert kzc.choose_plan(called, toolchain).cuda_tiers == ("light", "original"), use
+    # a digit separator opens no character literal, a raw string hides no code after it
+    assert {"system", "tensor"} <= kzc._identifiers("int a = 1'000; system(); auto r = R\"x(')x\"; tensor(); int b = 2'0;")
 
 
 def test_lean_tier_leaves_out_the_operators_context_and_screens_what_only_the_context_declares(tmp_path: Path) -> None:
@@ -217,6 +220,40 @@ def test_light_tier_failure_falls_back_to_the_candidates_headers(tmp_path: Path)
     (entry,) = builder.log.entries
     assert entry.ok, entry.stderr_tail
     assert entry.strategy.startswith("cpp:minimal(") and "failed)>original(" in entry.strategy
+
+
+def test_a_build_finds_what_a_read_only_layer_holds_and_builds_what_it_lacks_beside_it(tmp_path: Path) -> None:
+    """A source's published build is read-only to the child evaluating it again: a load_inline that misses
+    there (another name, another machine's arch) builds in the child's own directory, not in the layer."""
+    first, second = (kzc.make_request(name, "int answer() { return 42; }", no_implicit_headers=True) for name in ("a", "b"))
+    kzc.Builder(tmp_path / "published", compile_only=True).load(first)
+    published = sorted(p.name for p in (tmp_path / "published").iterdir())
+    builder = kzc.Builder(tmp_path / "own", compile_only=True, layers=[tmp_path / "published"])
+    builder.load(first)
+    builder.load(second)
+    hit, miss = builder.log.entries
+    assert hit.cache_hit and not miss.cache_hit and miss.ok
+    assert sorted(p.name for p in (tmp_path / "published").iterdir()) == published  # the layer unchanged
+    assert (tmp_path / "own" / miss.content_hash / "meta.json").is_file()
+
+
+def test_the_bindings_header_is_keyed_on_the_torch_it_was_built_for(tmp_path: Path) -> None:
+    toolchain = kzc.Builder(tmp_path, compile_only=True).toolchain
+    key = kzc.pch_key(kb_request(), toolchain)
+    assert kzc.pch_key(kb_request(name="another_name"), toolchain) == key
+    assert kzc.pch_key(kb_request(), dataclasses.replace(toolchain, torch_version="2.99")) != key
+    assert kzc.pch_key(kb_request(extra_cflags=["-O3"]), toolchain) != key
+
+
+@pytest.mark.slow
+def test_a_broken_source_is_not_compiled_at_the_minimal_tier_after_the_lean_one(tmp_path: Path) -> None:
+    source = "#include <torch/extension.h>\nat::Tensor twice(at::Tensor x) { return at::zeros_like(x) + x + }\n"
+    builder = kzc.Builder(tmp_path, compile_only=True)
+    plan = kzc.Plan(cpp_tiers=("lean", "minimal", "original"), cuda_tiers=())
+    with pytest.raises(kzc.CompileError):
+        builder.load(kzc.make_request("broken", source, no_implicit_headers=True), plan)
+    (entry,) = builder.log.entries
+    assert entry.strategy.startswith("cpp:lean(") and "minimal" not in entry.strategy and ">original(" in entry.strategy
 
 
 @pytest.mark.slow

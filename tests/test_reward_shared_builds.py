@@ -12,7 +12,7 @@ from cuda_cases import CUDA_RELU
 from reward_cases import RELU_REFERENCE
 from reward_svc import compile as kzc
 from reward_svc.evaluate import REPORTED_BUILDS, Evaluator, reported_builds
-from reward_svc.shared_builds import SharedBuilds
+from reward_svc.shared_builds import SharedBuilds, torch_and_python
 from services.config import Settings
 from services.schemas.reward import ScoreOptions
 
@@ -24,6 +24,9 @@ def test_the_bindings_pch_is_built_in_a_child_published_and_used_by_later_builds
         pool = evaluator.pool("cpu")
         shared = pool.extras
         assert isinstance(shared, SharedBuilds) and not shared.bindings_pch.exists()  # on a GPU, prime starts it
+        assert shared.bindings_pch.name == f"bindings-pch-{torch_and_python()}"
+        (shared.bindings_pch.parent / "bindings-pch-0ld70rch").mkdir(parents=True)  # an upgrade ago
+        assert shared.remove_other_torches_headers() == ["bindings-pch-0ld70rch"]
         assert shared.build_bindings_pch(pool)
         built = sorted(shared.bindings_pch.glob(f"*/{kzc.PCH_HEADER}.gch"))
         assert len(built) == len(kzc.PCH_VARIANTS)
@@ -44,5 +47,8 @@ def test_a_childs_account_of_its_builds_reaches_the_verdict_trimmed() -> None:
     """The child reports its builds (its own process could rewrite the log): plain fields, the first few."""
     honest = {"name": "relu_ext", "strategy": "cpp:lean+pch(3.4s) cu:lean(7.2s) parallel", "seconds": 7.3, "ok": True}
     padded = {**honest, "cache_hit": False, "stderr_tail": "...", "content_hash": "ab", "extra": {"nested": [1] * 1000}}
-    assert reported_builds([padded, "not a build", {"strategy": "x" * 10_000}]) == [{**honest, "cache_hit": False}, {}]
+    assert reported_builds([padded, "not a build", {"strategy": "x" * 10_000, "seconds": float("nan")}]) == [
+        {**honest, "cache_hit": False},
+        {},
+    ]
     assert len(reported_builds([honest] * 1000)) == REPORTED_BUILDS and reported_builds({"a": 1}) == []

@@ -53,11 +53,15 @@ COMPILE_ONLY_MARK = "compiled only"
 SKIPPED = object()  # a trial the harness did not run (a forward that returns None has an output: None)
 
 
-def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec) -> CompileLog:
+def _install_compile_hooks(counter: LaunchCounter, spec: CandidateSpec, workdir: Path) -> CompileLog:
     """Route load_inline through the cached fast path and count calls into what it builds; the log of its builds."""
     import torch.utils.cpp_extension as cpp_extension
 
-    builds = install_fast_load_inline(Path(spec["compile_cache"]), compile_only=spec["device"] != "cuda")
+    compile_only = spec["device"] != "cuda"
+    if spec.get("compile_cache_readonly"):  # its source's published build: what it lacks builds in the work dir
+        builds = install_fast_load_inline(workdir / "build", compile_only=compile_only, layers=[Path(spec["compile_cache"])])
+    else:
+        builds = install_fast_load_inline(Path(spec["compile_cache"]), compile_only=compile_only)
     if spec["device"] == "cuda":  # the interpreter compiles nothing: no Triton build to keep
         _route_triton_cache(Path(spec["compile_cache"]), readonly=bool(spec.get("compile_cache_readonly")))
         _compile_triton_off_device()
@@ -207,7 +211,7 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     counter = LaunchCounter()
     counter.copies_are_work = bool(spec.get("copies_are_work"))
     counter.install_triton()
-    builds = _install_compile_hooks(counter, spec)
+    builds = _install_compile_hooks(counter, spec, workdir)
     if device != "cuda":
         _first_autotune_config_when_interpreted()
     arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"])
