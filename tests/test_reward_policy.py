@@ -232,21 +232,65 @@ FOURTH_ROUND = {
 }
 
 
-# Found by a review of the native lexer: a quote that is no literal's, or a comment marker inside one.
+# Found by two reviews of the native lexer: each passed it, and g++ compiled a call to the denied function
+# (or the include). The lexer now runs the compiler's first phases: line ends, joined lines, comments as one
+# space, literals (raw ones with their prefixes), numbers (pp-numbers, read forwards) and digraphs.
 LEXER_NATIVE = {
     "a call between digit separators": "#include <cstdlib>\nvoid f() { int a = 1'0; std::system(\"id\"); int b = 2'0; }",
     "an include between comment markers in strings": 'auto s = "/*";\n#include <unistd.h>\nauto t = "*/";',
     "an include after a raw string's comment marker": 'auto s = R"x(/*)x";\n#include <unistd.h>\nauto t = "*/";',
+    "a comment opened across a joined line": 'int f(){ /\\\n* " */ return system("id"); //"\n}\n',
+    "a line comment opened across a joined line": '/\\\n/ /*\n#include <unistd.h>\nint f(){ return system("id"); } // */\n',
+    "a string closed across a joined line": 'const char* s = "abc\\ \n"; int f(){ return system("id"); } //"\n',
+    "a raw string opened across a joined line": 'auto s = R\\\n"(\n)"; int f(){ return system("id"); } //"\n',
+    "an identifier ending in R before a string": '#define xR\nconst char* s = xR"("; int f(){ return system("id"); } //)"\n',
+    "a character after a number": "#define IGN(...)\nIGN(1'+') int f(){ return system(\"id\"); } //'\n",
+    "a lone carriage return ending a comment": '#include <cstdlib>\nint f(){ // hi\r return std::system("id"); \n}\n',
+    "pasting by digraph": '#define CAT(a,b) a %:%: b\nint f(){ return std::CAT(sys,tem)("id"); }\n',
+    "pasting across a joined line": '#define CAT(a,b) a #\\\n# b\nint f(){ return CAT(sys,tem)("id"); }\n',
+    "an include across a joined line": "#inc\\\nlude <unistd.h>\n",
+    "an include after a comment": "#/*\n*/include <unistd.h>\n",
+    "an include by digraph": "%:include <unistd.h>\n",
+    "an include after a vertical tab": "#\x0binclude <unistd.h>\n",
+    "an include through ..": "#include <ATen/../../../../../../../../usr/include/dlfcn.h>\n",
+    "a line marker": '# 1 "x.h" 3\nint a;\n',
+    "a pragma by operator": '_Pragma("redefine_extname run system")\nint run(const char*);\n',
+    "a declaration renamed by attribute": '[[gnu::weakref("system")]] static int run(const char*);\nint f(){ return run("id"); }\n',
+    "a declaration aliased by attribute": '[[gnu::alias("system")]] int run(const char*);\nint f(){ return run("id"); }\n',
+    "the short attribute spelling": '__attribute((weakref("system"))) static int run(const char*);\n',
+    "a builtin exec": 'int f(){ char* a[] = {nullptr}; __builtin_execv("/bin/sh", a); return __builtin_fork(); }\n',
+    "torch's DynamicLibrary": '#include <ATen/DynamicLibrary.h>\nvoid f(){ at::DynamicLibrary lib("libc.so.6"); }\n',
+    "torch's save after using its namespace": 'using namespace torch;\nvoid f(at::Tensor t){ save(t, "/tmp/x"); }\n',
+    "host assembly in a host and device function": (
+        "__host__ __device__ long f(long nr){\n#ifndef __CUDA_ARCH__\n"
+        '  long r; asm volatile("syscall" : "=a"(r) : "a"(nr)); return r;\n#else\n  return 0;\n#endif\n}\n'
+    ),
+    "host assembly behind a macro": (
+        '#define HD __host__\nHD __device__ long f(long n){ long r; asm volatile("syscall" : "=a"(r) : "a"(n)); return r; }\n'
+    ),
 }
 
 
-def test_the_native_lexer_reads_literals_as_the_compiler_does() -> None:
+def test_the_native_lexer_reads_sources_as_the_compiler_does() -> None:
     passed = [name for name, source in LEXER_NATIVE.items() if check_native_sources("", source) is None]
     assert passed == []
-    numbers_and_characters = "char c = 'a', d = u8'b'; wchar_t w = L'x'; long n = 0x1'FF + 1'000'000; double g = 1.5e+3;"
-    assert (
-        check_native_sources("", f'#include "torch/extension.h"\nvoid f() {{ auto s = "//"; {numbers_and_characters} }}') is None
+    assert check_native_sources('int f(){ return X("id"); }', extra_cflags=["-DX=system"])  # a macro from the command line
+    numbers_and_characters = (
+        "char c = 'a', d = u8'b'; wchar_t w = L'x'; char16_t e = u'x'; long n = 0x1'FF + 1'000'000 + 0b1010'1010;"
+        ' double g = 1.5e+3 + .5f + 0x1p-3; char q = \'\\\'\'; const char* r = R"xy(a "q" ) b)xy"; auto r2 = u8R"(z)";'
     )
+    source = f'#include "torch/extension.h"\n#include <stdio.h>\nvoid f() {{ auto s = "//"; {numbers_and_characters} printf("%d", 1); }}'
+    assert check_native_sources("", source) is None
+    assert check_native_sources("", "std::vector<::c10::Half> v; int a<:2:> = <%1, 2%>;") is None  # <:: is < ::
+    device_asm = '__device__ unsigned lane() { unsigned r; asm volatile("mov.u32 %0, %%laneid;" : "=r"(r)); return r; }'
+    assert check_native_sources("", device_asm) is None
+    assert check_native_sources("", "", extra_cflags=["-DBLOCK=256", "-O3"]) is None
+
+
+def test_kernelbench_example_format_passes() -> None:
+    """KernelBench's own load_inline examples pass extra_cflags=[""] and extra_ldflags=[""] (no flags)."""
+    assert check_native_sources("", GOOD_CUDA, functions=["relu"], extra_cflags=[""], extra_ldflags=[""]) is None
+    assert check_native_sources("", "#include <cublas_v2.h>\nvoid f(cublasHandle_t h) { cublasCreate(&h); }") is None
 
 
 @pytest.mark.parametrize("name", sorted(FOURTH_ROUND))
