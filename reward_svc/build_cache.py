@@ -21,11 +21,11 @@ import time
 import uuid
 from pathlib import Path
 
+from reward_svc.shared_builds import BINDINGS_PCH_PREFIX  # one per torch
 from services.children.files import publish_dir
 from services.db.tasks import source_sha256
 
 PROTECTED = frozenset({"triton-base", ".inbox"})
-PROTECTED_PREFIX = "bindings-pch-"  # one per torch (reward_svc/shared_builds.py)
 ARTEFACT_SUFFIXES = frozenset(
     {
         ".so",
@@ -87,7 +87,7 @@ class BuildCache:
             entries = [
                 (p.stat().st_mtime, _size(p), p)
                 for p in self.root.iterdir()
-                if p.name not in PROTECTED and not p.name.startswith(PROTECTED_PREFIX) and p.is_dir()
+                if p.name not in PROTECTED and not p.name.startswith(BINDINGS_PCH_PREFIX) and p.is_dir()
             ]
             total = sum(size for _, size, _ in entries)
             evicted: list[str] = []
