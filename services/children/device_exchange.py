@@ -1,0 +1,242 @@
+"""Device memory handed between processes as file descriptors: a trial output goes from a candidate's child
+to the judge without leaving the GPU.
+
+The sender copies a tensor into an allocation of CUDA's virtual memory management made exportable as a POSIX
+file descriptor (``cuMemCreate``), and sends the descriptor over a Unix socket (``SCM_RIGHTS``). The receiver
+imports it, maps it and clones the bytes into memory of its own, then lets the mapping go: what it judges can
+no longer change under it, whatever the sender does with its own mapping afterwards. A descriptor names one
+allocation, so a sender can hand over only memory it made; legacy CUDA IPC handles, which torch's
+multiprocessing uses, do not cross the sandbox's PID namespace at all.
+
+No library the platform depends on wraps these calls (torch exposes neither export nor import of a
+shareable handle; ``cuda-python`` would be a dependency for nine functions), so they are bound here through
+ctypes, against the driver every CUDA process already loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import torch
+
+_ALLOCATION_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED: device memory that stays resident
+_POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+_ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+_READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+MAX_MESSAGE_BYTES = 1 << 16
+
+
+class DeviceExchangeError(RuntimeError):
+    """A driver call of the exchange failed: its name and CUDA's error name."""
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("gpuDirectRDMACapable", ctypes.c_ubyte),
+        ("usage", ctypes.c_ushort),
+        ("reserved", ctypes.c_ubyte * 4),
+    ]
+
+
+class _AllocationProp(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("requestedHandleTypes", ctypes.c_int),
+        ("location", _Location),
+        ("win32HandleMetaData", ctypes.c_void_p),
+        ("allocFlags", _AllocFlags),
+    ]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    driver = ctypes.CDLL("libcuda.so.1")
+    u64, size, ref = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
+    signatures = {
+        "cuMemGetAllocationGranularity": [ref, ref, ctypes.c_int],
+        "cuMemAddressReserve": [ref, size, size, u64, u64],
+        "cuMemMap": [u64, size, size, u64, u64],
+        "cuMemSetAccess": [u64, size, ref, size],
+        "cuMemCreate": [ref, size, ref, u64],
+        "cuMemExportToShareableHandle": [ref, u64, ctypes.c_int, u64],
+        "cuMemImportFromShareableHandle": [ref, ref, ctypes.c_int],
+        "cuMemUnmap": [u64, size],
+        "cuMemAddressFree": [u64, size],
+        "cuMemRelease": [u64],
+        "cuGetErrorName": [ctypes.c_int, ref],
+    }
+    for name, argtypes in signatures.items():
+        getattr(driver, name).argtypes = argtypes
+    return driver
+
+
+def _call(name: str, *args: Any) -> None:
+    result = getattr(_driver(), name)(*args)
+    if result:
+        error = ctypes.c_char_p()
+        _driver().cuGetErrorName(result, ctypes.byref(error))
+        raise DeviceExchangeError(f"{name}: {error.value.decode() if error.value else result}")
+
+
+def _prop(device: int) -> _AllocationProp:
+    prop = _AllocationProp()
+    prop.type, prop.requestedHandleTypes = _ALLOCATION_PINNED, _POSIX_FD
+    prop.location.type, prop.location.id = _ON_DEVICE, device
+    return prop
+
+
+@functools.cache
+def _granularity(device: int) -> int:
+    granularity = ctypes.c_size_t()
+    _call("cuMemGetAllocationGranularity", ctypes.byref(granularity), ctypes.byref(_prop(device)), 0)
+    return granularity.value
+
+
+def _rounded(nbytes: int, device: int) -> int:
+    step = _granularity(device)
+    return max(step, -(-nbytes // step) * step)
+
+
+class _Mapping:
+    """An allocation handle mapped into this process, readable and writable on ``device``; ``close`` unmaps
+    it and lets the handle go (the memory itself lives on while another process holds it)."""
+
+    def __init__(self, handle: int, size: int, device: int) -> None:
+        self.handle, self.size, self.ptr = handle, size, 0
+        try:
+            ptr = ctypes.c_uint64()
+            _call("cuMemAddressReserve", ctypes.byref(ptr), size, 0, 0, 0)
+            self.ptr = ptr.value
+            _call("cuMemMap", self.ptr, size, 0, handle, 0)
+            access = _AccessDesc()
+            access.location.type, access.location.id, access.flags = _ON_DEVICE, device, _READ_WRITE
+            _call("cuMemSetAccess", self.ptr, size, ctypes.byref(access), 1)
+        except DeviceExchangeError:
+            self.close()
+            raise
+
+    def bytes(self, nbytes: int, device: int) -> torch.Tensor:
+        """The first ``nbytes`` as a uint8 tensor over the mapping (valid until ``close``)."""
+        interface = {"shape": (nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
+        return torch.as_tensor(_ArrayInterface(interface), device=f"cuda:{device}")
+
+    def close(self) -> None:
+        driver = _driver()
+        if self.ptr:
+            driver.cuMemUnmap(self.ptr, self.size)
+            driver.cuMemAddressFree(self.ptr, self.size)
+            self.ptr = 0
+        if self.handle:
+            driver.cuMemRelease(self.handle)
+            self.handle = 0
+
+
+@dataclass
+class _ArrayInterface:
+    __cuda_array_interface__: dict[str, Any]
+
+
+@dataclass
+class Exported:
+    """A tensor's bytes in an exportable allocation: ``fd`` to send, ``close`` once it is sent."""
+
+    fd: int
+    nbytes: int
+    _mapping: _Mapping
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self._mapping.close()
+
+
+def export(t: torch.Tensor) -> Exported:
+    """``t``'s bytes copied on the device into a new exportable allocation (the copy is queued on the
+    current stream; it is complete once that stream is)."""
+    device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    nbytes = t.numel() * t.element_size()
+    handle = ctypes.c_uint64()
+    _call("cuMemCreate", ctypes.byref(handle), _rounded(nbytes, device), ctypes.byref(_prop(device)), 0)
+    mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
+    try:
+        if nbytes:
+            mapping.bytes(nbytes, device).copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        fd = ctypes.c_int()
+        _call("cuMemExportToShareableHandle", ctypes.byref(fd), mapping.handle, _POSIX_FD, 0)
+    except BaseException:
+        mapping.close()
+        raise
+    return Exported(fd.value, nbytes, mapping)
+
+
+def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int) -> torch.Tensor:
+    """The bytes behind ``fd`` cloned into this process's own memory on ``device``, as ``dtype`` of
+    ``shape``. The mapping covers exactly those bytes (rounded up to the driver's granularity): an
+    allocation smaller than that fails to map (``DeviceExchangeError``) rather than be read past."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    handle = ctypes.c_uint64()
+    _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
+    mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
+    try:
+        raw = mapping.bytes(nbytes, device).clone() if nbytes else torch.empty(0, dtype=torch.uint8, device=device)
+        torch.cuda.current_stream(device).synchronize()  # the clone is done before the mapping goes
+    finally:
+        mapping.close()
+    return raw.view(dtype).view(shape)
+
+
+@functools.cache
+def available(device: int = 0) -> bool:
+    """Whether this process can export device memory as descriptors (a driver with virtual memory
+    management and POSIX descriptor handles), tried once with the smallest allocation."""
+    try:
+        exported = export(torch.zeros(1, device=f"cuda:{device}"))
+    except (OSError, DeviceExchangeError, RuntimeError):
+        return False
+    exported.close()
+    return True
+
+
+class SentTensor(TypedDict):
+    """One tensor of a sent output, as the message describes it (the bytes travel as its descriptor)."""
+
+    dtype: str
+    shape: list[int]
+
+
+class OutputMessage(TypedDict):
+    """A trial output sent over the exchange socket, its tensors' descriptors in the same message."""
+
+    name: str
+    tensors: list[SentTensor]
+
+
+def send(sock: socket.socket, message: OutputMessage, fds: list[int]) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode()], fds)
+
+
+def receive(sock: socket.socket, max_fds: int) -> tuple[Any, list[int]]:
+    """(the message as sent: untrusted JSON, the descriptors with it); (None, []) once the sender is gone."""
+    data, fds, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE_BYTES, max_fds)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    try:
+        return json.loads(data), fds
+    except ValueError:
+        return data, fds

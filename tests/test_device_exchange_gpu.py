@@ -1,0 +1,94 @@
+"""Device memory handed over as descriptors (services/children/device_exchange.py), from a sandboxed sender
+to this process: what the judge gets is the sender's bytes, its own, and a sender's lie about them fails
+cleanly, leaving this process's CUDA usable."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.children import device_exchange
+from services.sandbox import Confinement, SandboxProcess
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+SENDER = textwrap.dedent(
+    """
+    import socket, sys, torch
+    from services.children import device_exchange
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    out = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 0.5
+    exported = device_exchange.export(out)
+    torch.cuda.synchronize()
+    shape = [1 << 20] if sys.argv[2] == "honest" else [1 << 26]  # a lie: 256 MiB claimed, 4 MiB made
+    device_exchange.send(sock, {"name": "output_0", "tensors": [{"dtype": "float32", "shape": shape}]}, [exported.fd])
+    exported.close()  # the receiver's descriptor keeps the memory
+    sock.recv(1)
+    """
+)
+
+
+def _run_sender(tmp_path: Path, mode: str) -> tuple[object, list[int], SandboxProcess]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    script = tmp_path / "sender.py"
+    script.write_text(SENDER)
+    repo = Path(__file__).resolve().parent.parent
+    confinement = Confinement(gpu=True, memory_bytes=None, readonly_dirs=(tmp_path,), env={"PYTHONPATH": str(repo)})
+    process = SandboxProcess([sys.executable, str(script), str(theirs.fileno()), mode], confinement, pass_fds=(theirs.fileno(),))
+    theirs.close()
+    ours.settimeout(120)
+    message, fds = device_exchange.receive(ours, 1)
+    ours.send(b"1")
+    ours.close()
+    return message, fds, process
+
+
+def test_a_sandboxed_childs_output_arrives_as_this_processs_own_copy(tmp_path: Path) -> None:
+    message, fds, process = _run_sender(tmp_path, "honest")
+    try:
+        assert isinstance(message, dict) and message["name"] == "output_0" and len(fds) == 1
+        received = device_exchange.import_clone(fds[0], torch.float32, message["tensors"][0]["shape"], 0)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        process.kill()
+    expected = torch.arange(1 << 20, dtype=torch.float32, device="cuda") * 0.5
+    assert torch.equal(received, expected)  # and it outlives the sender
+
+
+def test_a_sender_that_claims_more_bytes_than_it_made_is_refused_and_cuda_still_works(tmp_path: Path) -> None:
+    message, fds, process = _run_sender(tmp_path, "lie")
+    try:
+        assert isinstance(message, dict)
+        with pytest.raises(device_exchange.DeviceExchangeError):
+            device_exchange.import_clone(fds[0], torch.float32, message["tensors"][0]["shape"], 0)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        process.kill()
+    assert float(torch.ones(4, device="cuda").sum()) == 4.0  # no sticky error in this process
+
+
+def test_a_descriptor_that_is_not_device_memory_is_refused(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(device_exchange.DeviceExchangeError):
+            device_exchange.import_clone(read_end, torch.float32, [4], 0)
+        with open(tmp_path / "plain", "wb") as plain:
+            plain.write(b"\0" * 4096)
+        fd = os.open(tmp_path / "plain", os.O_RDONLY)
+        try:
+            with pytest.raises(device_exchange.DeviceExchangeError):
+                device_exchange.import_clone(fd, torch.float32, [4], 0)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert float(torch.ones(4, device="cuda").sum()) == 4.0
