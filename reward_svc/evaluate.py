@@ -314,7 +314,7 @@ class Evaluator:
         ref_dir: Path,
         tolerance: Any,
     ) -> Verdict:
-        from reward_svc.verify import FileComparer, OutputStream, TrialFiles, case_allowances, judge
+        from reward_svc.verify import HOST_JUDGE_MAX_BYTES, FileComparer, OutputStream, TrialFiles, case_allowances, judge
 
         try:
             cached = self.builds.lookup(source)
@@ -340,10 +340,13 @@ class Evaluator:
                 "knockout_case": knockout_case,
                 "copies_are_work": copies_are_work,
             }
+            if self.settings.reward_device_exchange:  # below this size the host judges (HOST_JUDGE_MAX_BYTES): files
+                spec["device_exchange_min_bytes"] = HOST_JUDGE_MAX_BYTES
             compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
             started = time.perf_counter()
-            with OutputStream(compare_files, files, at_once=self.settings.reward_outputs_in_flight):
+            sent = child.exchange if "device_exchange_min_bytes" in spec else None  # outputs on the device: on its socket
+            with OutputStream(compare_files, files, at_once=self.settings.reward_outputs_in_flight, exchange=sent):
                 outcome, answer = child.run(spec, wall_timeout_s=options.timeout_s)
             result = cast(CandidateResult | None, answer)
             candidate_s = time.perf_counter() - started
@@ -359,6 +362,7 @@ class Evaluator:
             verdict = judge(
                 ref_result, result, files, compare_files, audit=[line for line in child.audit.splitlines() if line.strip()]
             )
+            verdict.details["outputs_on_device"] = compare_files.sent  # judged without a file (device_exchange)
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (

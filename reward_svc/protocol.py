@@ -29,6 +29,7 @@ class _JobSpec(TypedDict):
     time: bool  # time it on the GPU
     timing_budget_s: float
     gpu_lock: NotRequired[DeviceLockDescriptors | None]  # the pool adds it: the descriptors the child holds
+    exchange_fd: NotRequired[int | None]  # the pool adds it: a GPU child's end of its device exchange socket
 
 
 class ReferenceSpec(_JobSpec):
@@ -55,6 +56,8 @@ class CandidateSpec(_JobSpec):
     # then clean (the refresh) and knocked out again (the recall)
     knockout_case: int
     copies_are_work: bool  # the reference has an op that acts as a copy on that case: the knockout poisons copies too
+    # outputs on the device of at least this many bytes go to the judge through the exchange socket, not files
+    device_exchange_min_bytes: NotRequired[int]
 
 
 class ReferenceResult(TypedDict, total=False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,6 +135,43 @@ def _private_copy(fd: int, max_bytes: int, path: Path) -> Iterator[Path]:
         os.close(copy)
 
 
+# The dtypes an output sent on the device may be described with, by torch's name for them.
+SENT_DTYPES = {
+    str(dtype): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex128,
+        torch.complex64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
+MAX_SENT_DIMS = 16
+
+
+def _claimed_tensors(described: Any) -> list[torch.Tensor] | None:
+    """The tensors a device exchange message describes, as empty tensors of those dtypes and shapes on the
+    meta device (nothing is allocated), or None where it is not a list of plain descriptions."""
+    if not isinstance(described, dict) or not isinstance(described.get("tensors"), list):
+        return None
+    claimed: list[torch.Tensor] = []
+    for entry in described["tensors"]:
+        if not isinstance(entry, dict) or entry.get("dtype") not in SENT_DTYPES or not isinstance(entry.get("shape"), list):
+            return None
+        shape = entry["shape"]
+        if len(shape) > MAX_SENT_DIMS or not all(type(n) is int and 0 <= n < 1 << 48 for n in shape):
+            return None
+        claimed.append(torch.empty(shape, dtype=SENT_DTYPES[entry["dtype"]], device="meta"))
+    return claimed
+
+
 class EarlyVerdict(Exception):
     """A comparison that ends the judging with a verdict of its own: an output file that is not what
     its trial returned, or one that cannot be compared at all."""
@@ -175,6 +213,7 @@ class FileComparer:
         self._loaded: dict[Path, Any] = {}
         self._loading = threading.Lock()  # an OutputStream may judge several outputs at once
         self._judged: dict[str, Judged] = {}
+        self.sent = 0  # outputs that came on the device exchange
 
     def expect(self, fingerprints: dict[str, list[int]] | None) -> None:
         """The fingerprints the candidate's harness reported (read from the child's result: untrusted)."""
@@ -193,6 +232,42 @@ class FileComparer:
         self._judged[output.stem] = self._judge_file(output, expected, allowance, private=True)
         with contextlib.suppress(OSError):  # a directory planted under the name: left, and judged in place
             output.unlink(missing_ok=True)
+
+    def consume_sent(self, name: str, described: Any, fds: list[int], expected: Path, allowance: Allowance | None) -> None:
+        """Judge an output the child sent on the device (``device_exchange``): ``described``, its tensors'
+        dtypes and shapes as the child's message gives them (untrusted), ``fds`` their memory. Each is
+        cloned into the judge's own memory before it is fingerprinted and compared (the child may still
+        write to its copy), and only a claim that matches the expected tensor's dtype and shape is mapped
+        at all: the judge never reads more bytes than the reference's output has."""
+        try:
+            self._judged[name] = self._judge_sent(name, described, fds, expected, allowance)
+            self.sent += 1
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _judge_sent(self, name: str, described: Any, fds: list[int], expected: Path, allowance: Allowance | None) -> Judged:
+        from services.children import device_exchange
+
+        refs = tensors.tensors_in(self._expected(expected))
+        claimed = _claimed_tensors(described)
+        if claimed is None or len(fds) != len(claimed):
+            malformed = f"the device exchange message for {name} is malformed or lacks its memory"
+            return None, EarlyVerdict(Verdict("rejected", malformed, guard="output_tampering"))
+        differs = _kinds_differ(claimed, refs)
+        if differs is not None:  # judged as the file would be, without a byte of it mapped
+            return None, differs
+        device = torch.device(self.device)
+        try:
+            with self.lock():  # the clone is device work
+                out = [device_exchange.import_clone(fd, r.dtype, list(r.shape), device.index or 0) for fd, r in zip(fds, refs)]
+        except device_exchange.DeviceExchangeError as exc:
+            return None, EarlyVerdict(
+                Verdict("rejected", f"the device memory sent for {name} cannot be read: {exc}"[:500], guard="output_tampering")
+            )
+        except torch.OutOfMemoryError:
+            return None, _out_of_memory(self.device, name)
+        return self._compare_on(self.device, name, out if len(out) > 1 else out[0], self._expected(expected), allowance)
 
     def __call__(self, output: Path, expected: Path, allowance: Allowance | None = None) -> Comparison:
         seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, allowance)
@@ -248,14 +323,7 @@ class FileComparer:
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
                 return seen, compare(out, expected, self.tolerance, allowance)
         except torch.OutOfMemoryError:
-            return seen, EarlyVerdict(
-                Verdict(
-                    "runtime_error",
-                    f"not judged: the judge ran out of {device} memory comparing "
-                    f"{name} (the device is shared with other evaluations)",
-                    details={"out_of_memory": True},
-                )
-            )
+            return seen, _out_of_memory(device, name)
         except Exception as exc:  # a tensor that loads but cannot be compared: the candidate's verdict
             return seen, EarlyVerdict(
                 Verdict("incorrect", f"{name} cannot be compared with the reference's output: {type(exc).__name__}: {exc}"[:500])
@@ -272,6 +340,16 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
+
+
+def _out_of_memory(device: str, name: str) -> EarlyVerdict:
+    return EarlyVerdict(
+        Verdict(
+            "runtime_error",
+            f"not judged: the judge ran out of {device} memory comparing {name} (the device is shared with other evaluations)",
+            details={"out_of_memory": True},
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -327,15 +405,20 @@ class OutputStream:
     device); ``KZ_REWARD_OUTPUTS_IN_FLIGHT`` sets both. What is left when the child ends is judged in place."""
 
     POLL_S = 0.01
+    MAX_SENT_TENSORS = 64  # descriptors taken from one message (the kernel closes any beyond)
 
-    def __init__(self, compare_files: FileComparer, files: TrialFiles, at_once: int = 1) -> None:
-        self.compare_files, self.files = compare_files, files
+    def __init__(
+        self, compare_files: FileComparer, files: TrialFiles, at_once: int = 1, exchange: socket.socket | None = None
+    ) -> None:
+        self.compare_files, self.files, self.exchange = compare_files, files, exchange
         self.pending = list(files.names())  # in the order the harness writes them
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="output-stream", daemon=True)
         self._judges = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="output-judge")
         self._judging: list[Future[None]] = []
         self._error: BaseException | None = None
+        if exchange is not None:
+            exchange.setblocking(False)
 
     def __enter__(self) -> OutputStream:
         self._thread.start()
@@ -353,6 +436,7 @@ class OutputStream:
     def _run(self) -> None:
         try:
             while self.pending and not self._stop.is_set():
+                self._take_sent()
                 for name in list(self.pending):
                     output = self.files.output(name)
                     try:
@@ -366,8 +450,44 @@ class OutputStream:
                         self._judging.append(judging)
                         self.pending.remove(name)
                 self._stop.wait(self.POLL_S)
+            self._take_sent()  # the child is done: what it sent last is waiting in the socket
         except BaseException as exc:  # a judge bug: raised in the worker's thread once the child is done
             self._error = exc
+
+    def _take_sent(self) -> None:
+        """Every output waiting in the device exchange socket, each judged as it comes (``consume_sent``) and
+        acknowledged once judged, which lets the harness send its next. A message under a name already
+        taken or not an output's is dropped with its descriptors: the harness's record of each output's
+        fingerprint decides what the one judged under its name must have been."""
+        from services.children import device_exchange
+
+        while self.exchange is not None:
+            try:
+                message, fds = device_exchange.receive(self.exchange, self.MAX_SENT_TENSORS)
+            except BlockingIOError:
+                return
+            except OSError:  # the child's end is gone
+                self.exchange = None
+                return
+            if message is None:
+                self.exchange = None
+                return
+            name = message.get("name") if isinstance(message, dict) else None
+            if name not in self.pending:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            self.pending.remove(name)
+            self._judging.append(self._judges.submit(self._consume_sent, name, message, fds))
+
+    def _consume_sent(self, name: str, message: Any, fds: list[int]) -> None:
+        exchange = self.exchange
+        try:
+            self.compare_files.consume_sent(name, message, fds, self.files.expected(name), self.files.allowance(name))
+        finally:
+            if exchange is not None:
+                with contextlib.suppress(OSError):
+                    exchange.send(b"1")
 
 
 def judge(
@@ -750,11 +870,28 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
     (``_informative``) outside tolerance."""
     noise, sums_cancel = allowance or Allowance()
     outs, refs = tensors.tensors_in(output), tensors.tensors_in(expected)
+    differs = _kinds_differ(outs, refs)
+    if differs is not None:
+        return differs
+    worst, failure, bad, counted = 0.0, "", 0, 0
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        label = f"output {i}" if len(refs) > 1 else "output"
+        floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
+        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0), sums_cancel)
+        worst = max(worst, error)
+        bad, counted = bad + tensor_bad, counted + tensor_counted
+        if not ok and not failure:
+            failure = f"{label}: {why}"
+    return Comparison(not failure, failure, worst, bad / counted if counted else None)
+
+
+def _kinds_differ(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> Comparison | None:
+    """The comparison's verdict where the output's tensors are not the reference's in number, shape and
+    dtype (read from the tensors' metadata only), else None."""
     if len(outs) != len(refs):
         return Comparison(False, f"returned {len(outs)} tensor(s), the reference returns {len(refs)}", math.inf, 1.0)
     if not refs:
         return Comparison(False, "the reference returned no tensor to compare", math.inf)
-    worst, failure, bad, counted = 0.0, "", 0, 0
     for i, (out, ref) in enumerate(zip(outs, refs)):
         label = f"output {i}" if len(refs) > 1 else "output"
         if out.shape != ref.shape:
@@ -763,13 +900,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
             return Comparison(
                 False, f"{label} has dtype {out.dtype}, expected {ref.dtype} (precision must not be downgraded)", math.inf, 1.0
             )
-        floor = noise[i] if noise and i < len(noise) and math.isfinite(noise[i]) else 0.0
-        ok, why, error, tensor_bad, tensor_counted = _compare_tensor(out, ref, tolerance, max(floor, 0.0), sums_cancel)
-        worst = max(worst, error)
-        bad, counted = bad + tensor_bad, counted + tensor_counted
-        if not ok and not failure:
-            failure = f"{label}: {why}"
-    return Comparison(not failure, failure, worst, bad / counted if counted else None)
+    return None
 
 
 def _compare_tensor(

@@ -169,6 +169,12 @@ class Settings(BaseSettings):
         "copy with another's wait for the device, and reserves one more output's bytes of the exchange budget and two of "
         "device memory each.",
     )
+    reward_device_exchange: bool = Field(
+        default=False,
+        description="On a GPU, a candidate's outputs of 64 MiB or more go from its child to the judge as descriptors of "
+        "device memory (services/children/device_exchange.py) instead of files through the host; off, every output is a file. "
+        "Off by default until its throughput run on the GPU is clean (benchmarks/results/reward_throughput_h200/NOTES.md).",
+    )
     reward_cache_max_bytes: int = Field(
         default=20 << 30,
         gt=0,

@@ -214,6 +214,22 @@ def test_the_public_hacks_are_caught_on_the_gpu_path_too(kz_env: Callable[..., S
     assert not failures, "\n".join(failures)
 
 
+def test_outputs_sent_on_the_device_get_the_verdicts_files_get(kz_env: Callable[..., Settings]) -> None:
+    """With the device exchange on, a 128-MiB output goes to the judge as device memory, not a file: the
+    honest kernel is correct and every hack case is caught by its own guard, as through files."""
+    big = RELU_REFERENCE.replace("torch.randn(4, 1024)", "torch.randn(8192, 4096)")
+    sources = [CORRECT] + [source for source, _ in HACKS.values()]
+    evaluator = Evaluator(kz_env(reward_warm_children=0, reward_parallel_children=8, reward_device_exchange=True))
+    try:
+        honest, *hacks = evaluator.evaluate_group(big, sources, ScoreOptions(backend="triton", device="cuda")).verdicts
+    finally:
+        evaluator.close()
+    assert honest.status == "correct", honest.reason
+    assert honest.details["outputs_on_device"] == 6  # two trials, the knockout, its refresh and recall, the timed check
+    failures = hacks_not_caught(hacks)
+    assert not failures, "\n".join(failures)
+
+
 # Timed calls that reuse an earlier result. The timed calls rotate the correctness cases' values
 # through the same tensors, count their launches, and are followed by a check call on other values;
 # a time faster than moving the problem's bytes allows is not paid.

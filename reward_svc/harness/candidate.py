@@ -24,6 +24,7 @@ import functools
 import gc
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -39,8 +40,9 @@ from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, inst
 from reward_svc.harness.reference import timing_rotation
 from reward_svc.policy import check_native_sources
 from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
-from services.children import tensors
+from services.children import device_exchange, tensors
 from services.children.device import device_released
+from services.children.device_exchange import Sender
 from services.children.loading import import_file
 from services.children.models import build_model
 from services.children.ops import OpRecorder
@@ -163,9 +165,11 @@ class TrialOutputs:
 
     POLL_S = 0.005
 
-    def __init__(self, workdir: Path, key: int, in_flight: int | None = None, wait_s: float = 60.0) -> None:
+    def __init__(
+        self, workdir: Path, key: int, in_flight: int | None = None, wait_s: float = 60.0, sender: Sender | None = None
+    ) -> None:
         self.workdir, self.key = workdir, key
-        self.in_flight, self.wait_s = in_flight, wait_s
+        self.in_flight, self.wait_s, self.sender = in_flight, wait_s, sender
         self.fingerprints: dict[str, list[int]] = {}
         self._at_return: list[int] | None = None
 
@@ -192,6 +196,10 @@ class TrialOutputs:
 
     def write(self, taken: tuple[str, Any]) -> None:
         name, output = taken
+        found = tensors.tensors_in(output)
+        if self.sender is not None and self.sender.takes(found):  # a GB-sized output stays on the device
+            self.sender.send(name, found)
+            return
         part = self.workdir / f"{name}.pt.part"
         tensors.save(part, output)  # a device tensor's copy to the host is made here
         self._wait_for_the_judge()
@@ -201,6 +209,14 @@ class TrialOutputs:
         deadline = time.monotonic() + self.wait_s
         while self.in_flight and len(list(self.workdir.glob("output_*.pt"))) >= self.in_flight and time.monotonic() < deadline:
             time.sleep(self.POLL_S)
+
+
+def _device_sender(spec: CandidateSpec) -> Sender | None:
+    """The device exchange, where the pool gave this child a socket and the driver can export memory."""
+    fd, min_bytes = spec.get("exchange_fd"), spec.get("device_exchange_min_bytes")
+    if spec["device"] != "cuda" or fd is None or min_bytes is None or not device_exchange.available():
+        return None
+    return Sender(socket.socket(fileno=fd), min_bytes, spec.get("outputs_in_flight") or 1)
 
 
 def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
@@ -214,10 +230,12 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     builds = _install_compile_hooks(counter, spec, workdir)
     if device != "cuda":
         _first_autotune_config_when_interpreted()
-    arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"])
+    sender = _device_sender(spec)
+    writable = [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"]
+    arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), writable, sender.sock if sender else None)
     snapshot = IntegritySnapshot()  # once the hooks are in: they are part of what must stay as it is
     baseline_threads = threading.active_count()
-    outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"))
+    outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"), sender=sender)
     observations: Observations = {"launches_per_case": [], "work_per_case": []}
 
     # Off for the candidate's life here, collected only between trials: a collection at any allocation

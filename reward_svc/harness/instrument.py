@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -426,10 +427,12 @@ def _spawned_by_the_build() -> bool:
     return False
 
 
-def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]:
+def install_audit_hook(log_path: str, writable: list[str], exchange: socket.socket | None = None) -> Callable[[], None]:
     """An audit hook (it cannot be removed) that refuses ``AUDIT_REFUSED`` events, processes other than
     the toolchain's, and writes (or removals) outside ``writable``; returns the switch that arms it,
-    pulled once the harness is set up, just before the candidate is imported."""
+    pulled once the harness is set up, just before the candidate is imported. Messages on ``exchange``
+    (the harness's device exchange socket) pass: what arrives there is held to the outputs' fingerprints,
+    as a file written under an output's name is."""
     import os
 
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -448,7 +451,7 @@ def install_audit_hook(log_path: str, writable: list[str]) -> Callable[[], None]
         return bool((isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & 0o3))
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if not armed[0]:
+        if not armed[0] or (event == "socket.sendmsg" and exchange is not None and args and args[0] is exchange):
             return
         if event in AUDIT_REFUSED or event.startswith(AUDIT_REFUSED_PREFIXES):
             refuse(event, repr(args)[:200])

@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -165,8 +166,9 @@ class Exported:
 
 
 def export(t: torch.Tensor) -> Exported:
-    """``t``'s bytes copied on the device into a new exportable allocation (the copy is queued on the
-    current stream; it is complete once that stream is)."""
+    """``t``'s bytes copied on the device into a new exportable allocation, the copy complete on return:
+    the mapping may be let go at once after (``Exported.close``), and a copy still queued would then
+    write to an address no longer mapped (an illegal address, which poisons the process's CUDA context)."""
     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
     nbytes = t.numel() * t.element_size()
     handle = ctypes.c_uint64()
@@ -175,6 +177,7 @@ def export(t: torch.Tensor) -> Exported:
     try:
         if nbytes:
             mapping.bytes(nbytes, device).copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        torch.cuda.current_stream(device).synchronize()
         fd = ctypes.c_int()
         _call("cuMemExportToShareableHandle", ctypes.byref(fd), mapping.handle, _POSIX_FD, 0)
     except BaseException:
@@ -240,3 +243,48 @@ def receive(sock: socket.socket, max_fds: int) -> tuple[Any, list[int]]:
         return json.loads(data), fds
     except ValueError:
         return data, fds
+
+
+class Sender:
+    """The child's end of the exchange socket: a trial output whose tensors are all on the device and
+    together at least ``min_bytes`` goes over it (``send``), the rest is left to the file exchange. At
+    most ``in_flight`` sent outputs wait for the judge's acknowledgement (it acknowledges once it has its
+    own copy); after ``wait_s`` the next is sent anyway (the judge is late, not gone)."""
+
+    def __init__(self, sock: socket.socket, min_bytes: int, in_flight: int, wait_s: float = 60.0) -> None:
+        self.sock, self.min_bytes, self.in_flight, self.wait_s = sock, min_bytes, max(1, in_flight), wait_s
+        self._unacknowledged = 0
+
+    def takes(self, tensors: list[torch.Tensor]) -> bool:
+        return (
+            bool(tensors)
+            and all(t.device.type == "cuda" and t.layout == torch.strided for t in tensors)
+            and sum(t.numel() * t.element_size() for t in tensors) >= self.min_bytes
+        )
+
+    def send(self, name: str, tensors: list[torch.Tensor]) -> None:
+        self._wait_for_room()
+        exported: list[Exported] = []
+        try:
+            for t in tensors:
+                exported.append(export(t))  # each copy complete before the judge reads it
+            described: list[SentTensor] = [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]
+            send(self.sock, {"name": name, "tensors": described}, [e.fd for e in exported])
+        finally:
+            for e in exported:  # the descriptors in flight keep the memory until the judge has its copy
+                e.close()
+        self._unacknowledged += 1
+
+    def _wait_for_room(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while self._unacknowledged >= self.in_flight and (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                acknowledged = len(self.sock.recv(64))
+            except TimeoutError:
+                break
+            finally:
+                self.sock.settimeout(None)
+            if not acknowledged:  # the judge's end is gone
+                break
+            self._unacknowledged -= acknowledged

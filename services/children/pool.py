@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -55,6 +56,10 @@ class Child:
     inbox: Path | None = None  # read-only to the child: its group's inputs, linked in when the job is known
     build_inbox: Path | None = None  # read-only to the child: the published build of its source
     device_lock: DeviceLock | None = None  # the descriptors the child holds (the worker closed its copies)
+    # a GPU child's device exchange: the worker's end of a socket pair whose other end the child holds
+    # (at ``exchange_fd``); trial outputs arrive on it as descriptors of device memory (device_exchange.py)
+    exchange: socket.socket | None = None
+    exchange_fd: int | None = None
     audit: str = ""  # what the child's audit hook refused, a line each (the reward harness's candidates write it)
 
     def run(
@@ -68,7 +73,12 @@ class Child:
         (``audit``): the child's harness appends to the same file, whatever its work dir's name for
         it becomes (renamed away, replaced by a link or a FIFO)."""
         key = secrets.token_hex(32)
-        spec = {**spec, KEY_FIELD: key, "gpu_lock": self.device_lock.to_json() if self.device_lock else None}
+        spec = {
+            **spec,
+            KEY_FIELD: key,
+            "gpu_lock": self.device_lock.to_json() if self.device_lock else None,
+            "exchange_fd": self.exchange_fd,
+        }
         log = os.open(self.workdir / AUDIT_LOG, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             try:
@@ -106,6 +116,8 @@ class Child:
 
     def discard(self) -> None:
         self.process.kill()
+        if self.exchange is not None:
+            self.exchange.close()
         for path in (self.workdir, self.inbox, self.build_inbox):
             if path is not None:
                 shutil.rmtree(path, ignore_errors=True)
@@ -195,17 +207,25 @@ class ChildPool:
         argv = [os.path.abspath(sys.executable), "-m", self.entry, str(workdir), self.device]
         lock_path = self.layout.gpu_lock(self.device)
         lock = DeviceLock.open(lock_path) if lock_path else None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if lock else (None, None)
         try:
             process = SandboxProcess(
                 argv,
                 self.confinement(workdir, inbox, build_inbox),
                 cwd=workdir,
-                pass_fds=(lock.lock_fd, lock.timings_fd) if lock else (),
+                pass_fds=(lock.lock_fd, lock.timings_fd, theirs.fileno()) if lock and theirs else (),
             )
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
         finally:
             if lock:
                 lock.close()  # the child holds its own copies, at the same numbers
-        return Child(process, workdir, inbox, build_inbox, lock)
+            exchange_fd = theirs.fileno() if theirs else None
+            if theirs is not None:
+                theirs.close()
+        return Child(process, workdir, inbox, build_inbox, lock, exchange=ours, exchange_fd=exchange_fd)
 
     def refill(self) -> None:
         with self._lock:
