@@ -8,9 +8,9 @@
   Unix socket (``SCM_RIGHTS``: works across PID namespaces, where legacy CUDA IPC handles do not), and the judge
   imports, maps and clones it into memory of its own.
 
-The producer runs as a plain process and under bwrap with the sandbox's namespaces (``--unshare-pid``,
-``--unshare-ipc``, the NVIDIA nodes only), to show the descriptor path crosses the sandbox. Each path runs alone,
-then ``--parallel`` producers at once (host memory bandwidth is shared; the device copies are not).
+The producer runs as a plain process and in the platform's sandbox as a reward child does (its own PID namespace,
+the NVIDIA nodes only), to show the descriptor path crosses the sandbox. Each path runs alone, then ``--parallel``
+sandboxed producers at once (host memory bandwidth is shared; the device copies are not).
 
     python benchmarks/exchange_paths.py --gb 2 --parallel 8 --out gpu-results/exchange_paths.json
 """
@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.children import device_exchange, tensors  # noqa: E402
+from services.sandbox import Confinement, SandboxProcess  # noqa: E402
 
 
 def producer(path: str, sock_fd: int, gb: float, seed: int) -> None:
@@ -59,40 +60,23 @@ def producer(path: str, sock_fd: int, gb: float, seed: int) -> None:
     exported.close()
 
 
-def _sandboxed(argv: list[str]) -> list[str]:
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return []
-    binds = [arg for node in sorted(Path("/dev").glob("nvidia*")) for arg in ("--dev-bind", str(node), str(node))]
-    return [
-        bwrap,
-        "--bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        *binds,
-        "--proc",
-        "/proc",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--die-with-parent",
-        "--new-session",
-        "--",
-        *argv,
-    ]
-
-
 def one_exchange(gb: float, seed: int, sandboxed: bool, scratch: Path) -> dict[str, Any]:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     path = scratch / f"out_{seed}.pt"
-    argv = [sys.executable, __file__, "produce", str(path), str(child.fileno()), str(gb), str(seed)]
-    if sandboxed:
-        argv = _sandboxed(argv)
-        if not argv:
-            return {"skipped": "no bwrap"}
+    argv = [sys.executable, str(Path(__file__).resolve()), "produce", str(path), str(child.fileno()), str(gb), str(seed)]
     started = time.perf_counter()
-    process = subprocess.Popen(argv, pass_fds=[child.fileno()])
+    process: SandboxProcess | subprocess.Popen[bytes]
+    if sandboxed:  # as a reward child is: the platform's sandbox, the NVIDIA nodes only, its own PID namespace
+        confinement = Confinement(
+            gpu=True,
+            memory_bytes=None,
+            writable_dirs=(scratch,),
+            readonly_dirs=(Path(__file__).resolve().parent,),  # this script: not one of the checkout's packages
+            env={"PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        process = SandboxProcess(argv, confinement, pass_fds=(child.fileno(),))
+    else:
+        process = subprocess.Popen(argv, pass_fds=[child.fileno()])
     child.close()
     message, fds, _, _ = socket.recv_fds(parent, 1 << 16, 1)
     sent_at = time.perf_counter()
@@ -106,7 +90,10 @@ def one_exchange(gb: float, seed: int, sandboxed: bool, scratch: Path) -> dict[s
     row["device_ok"] = abs(float(clone.double().sum()) - info["checksum"]) < 1e-3 * max(1.0, abs(info["checksum"]))
     del clone
     parent.send(b"1")
-    process.wait()
+    if isinstance(process, SandboxProcess):
+        process.run(wall_timeout_s=120)
+    else:
+        process.wait()
     # the judge's half of the file path, today's (memfd, map, copy to the device) and read into pinned memory
     t0 = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
