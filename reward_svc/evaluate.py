@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
@@ -34,6 +34,9 @@ from services.children.pool import Child, ChildPool, PoolClosed
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from services.schemas.reward import ScoreOptions, Verdict
+
+if TYPE_CHECKING:  # verify imports torch, which this module loads only where it judges
+    from reward_svc.verify import GroupExpected
 
 REPORTED_BUILDS = 8
 BUILD_FIELDS = frozenset({"name", "strategy", "seconds", "cache_hit", "ok"})  # of compile.CompileEntry
@@ -159,10 +162,20 @@ class Evaluator:
             from reward_svc.verify import Tolerance  # imported since the evaluator began (above)
 
             tolerance = Tolerance(options.atol, options.rtol)
+            group_expected = self._group_expected(group, device, ref_result)
 
             def run_one(i: int) -> None:
                 verdict = self._evaluate_candidate(
-                    candidates[i], (arrival, i), device, options, seeds, exchange, ref_result, ref_child.workdir, tolerance
+                    candidates[i],
+                    (arrival, i),
+                    device,
+                    options,
+                    seeds,
+                    exchange,
+                    ref_result,
+                    ref_child.workdir,
+                    tolerance,
+                    group_expected,
                 )
                 seconds = verdict.details.setdefault("seconds", {})
                 seconds["reference"] = round(reference_s, 3)
@@ -173,6 +186,21 @@ class Evaluator:
             with ThreadPoolExecutor(max_workers=min(len(pending), self.slots.size)) as executor:
                 list(executor.map(run_one, pending))
             return Evaluation([v for v in verdicts if v is not None], device, ref_result)
+
+    def _group_expected(self, group: contextlib.ExitStack, device: str, ref_result: ReferenceResult) -> GroupExpected | None:
+        """With the device exchange, a GPU group whose outputs the judge compares on the device keeps its expected
+        outputs there for its candidates' judges, their bytes reserved for the group's life (``GroupExpected``)."""
+        from reward_svc.verify import HOST_JUDGE_MAX_BYTES, GroupExpected
+
+        output_bytes = ref_result.get("output_bytes", 0)
+        device_memory = self.device_memory(device)
+        if not self.settings.reward_device_exchange or device_memory is None or output_bytes <= HOST_JUDGE_MAX_BYTES:
+            return None
+        group.enter_context(device_memory.reserve(ref_result["cases"] * output_bytes))
+        group_expected = GroupExpected(device)
+        group.callback(_release_device_memory, device)
+        group.callback(group_expected.close)  # before the reservation goes (the stack unwinds last in, first out)
+        return group_expected
 
     def _room_for_a_reference(self, device_memory: ByteBudget | None) -> bool:
         """Whether a new reference may start now: the scratch dir has room for its files and the device
@@ -253,6 +281,7 @@ class Evaluator:
         ref_result: ReferenceResult,
         ref_dir: Path,
         tolerance: Any,
+        group_expected: GroupExpected | None = None,
     ) -> Verdict:
         cases = ref_result["cases"]
         # the trials (one of them the knockout), the refresh, the recall and, where it is timed, the last timed call
@@ -288,7 +317,9 @@ class Evaluator:
                     "retries": round(started - first_started, 3),  # runs that ran out of device memory, and their waits
                 }
                 with self.device_users.use() as seen:
-                    verdict = self._run_candidate(child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance)
+                    verdict = self._run_candidate(
+                        child, source, device, options, seeds, exchange, ref_result, ref_dir, tolerance, group_expected
+                    )
             if (
                 not verdict.details.get("out_of_memory")
                 or attempt == MEMORY_RETRIES
@@ -313,6 +344,7 @@ class Evaluator:
         ref_result: ReferenceResult,
         ref_dir: Path,
         tolerance: Any,
+        group_expected: GroupExpected | None = None,
     ) -> Verdict:
         from reward_svc.verify import HOST_JUDGE_MAX_BYTES, FileComparer, OutputStream, TrialFiles, case_allowances, judge
 
@@ -342,7 +374,8 @@ class Evaluator:
             }
             if self.settings.reward_device_exchange:  # below this size the host judges (HOST_JUDGE_MAX_BYTES): files
                 spec["device_exchange_min_bytes"] = HOST_JUDGE_MAX_BYTES
-            compare_files = FileComparer(tolerance, device, lambda: gpu_lock(self.layout.gpu_lock(device)), key=fingerprint_key)
+            lock = functools.partial(gpu_lock, self.layout.gpu_lock(device))
+            compare_files = FileComparer(tolerance, device, lock, key=fingerprint_key, group_expected=group_expected)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
             started = time.perf_counter()
             sent = child.exchange if "device_exchange_min_bytes" in spec else None  # outputs on the device: on its socket

@@ -184,6 +184,28 @@ class EarlyVerdict(Exception):
 Judged = tuple[list[int] | None, Comparison | EarlyVerdict]  # (fingerprint of the bytes judged, what judging them gave)
 
 
+class GroupExpected:
+    """A group's expected outputs on the device, each copied there once, when a comparison first needs it,
+    for every candidate's judge: a GB-sized expected output copied from its mapped file took 1.3-1.7 s on
+    the H200 host, once per output judged. The group reserves their bytes for its life and lets them go
+    at its end (``close``)."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._loading = threading.Lock()
+        self._loaded: dict[Path, Any] = {}
+
+    def get(self, path: Path) -> Any:
+        with self._loading:
+            if path not in self._loaded:
+                self._loaded[path] = tensors.load(path, self.device)
+            return self._loaded[path]
+
+    def close(self) -> None:
+        with self._loading:
+            self._loaded.clear()
+
+
 class FileComparer:
     """Compares an output file with its expected file where the judge runs. Files the child can no
     longer touch are memory-mapped (in the scratch dir, a tmpfs on GPU hosts, a mapped GiB is paged in
@@ -206,9 +228,10 @@ class FileComparer:
         lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         fingerprints: dict[str, list[int]] | None = None,
         key: int | None = None,
+        group_expected: GroupExpected | None = None,
     ) -> None:
         self.tolerance, self.device, self.lock = tolerance, device, lock
-        self.key = key
+        self.key, self.group_expected = key, group_expected
         self.expect(fingerprints)
         self._loaded: dict[Path, Any] = {}
         self._loading = threading.Lock()  # an OutputStream may judge several outputs at once
@@ -267,7 +290,10 @@ class FileComparer:
             )
         except torch.OutOfMemoryError:
             return None, _out_of_memory(self.device, name)
-        return self._compare_on(self.device, name, out if len(out) > 1 else out[0], self._expected(expected), allowance)
+        judged = self._compare_on(self.device, name, out if len(out) > 1 else out[0], expected, allowance)
+        if isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory"):
+            return self._compare_on("cpu", name, out if len(out) > 1 else out[0], expected, allowance)  # the device is full
+        return judged
 
     def __call__(self, output: Path, expected: Path, allowance: Allowance | None = None) -> Comparison:
         seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, allowance)
@@ -300,12 +326,11 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
-        expected_tensors = self._expected(expected)
         if self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES:  # the same choice for every trial
-            judged = self._compare_on(self.device, output.stem, out, expected_tensors, allowance)
+            judged = self._compare_on(self.device, output.stem, out, expected, allowance)
             if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
                 return judged
-        return self._compare_on("cpu", output.stem, out, expected_tensors, allowance)  # small, or the device is full
+        return self._compare_on("cpu", output.stem, out, expected, allowance)  # small, or the device is full
 
     def _expected(self, path: Path) -> Any:
         with self._loading:
@@ -314,11 +339,20 @@ class FileComparer:
                 self._loaded[path] = tensors.load(path)
             return self._loaded[path]
 
-    def _compare_on(self, device: str, name: str, out: Any, expected: Any, allowance: Allowance | None) -> Judged:
+    def _expected_on(self, device: str, path: Path) -> Any:
+        """The expected output at ``path`` where a comparison on ``device`` needs it: on a GPU, the group's
+        copy there where it keeps one (``GroupExpected``), else a copy of this judge's own."""
+        if device == "cpu":
+            return self._expected(path)
+        if self.group_expected is not None:
+            return self.group_expected.get(path)
+        return tensors.to_device(self._expected(path), device)
+
+    def _compare_on(self, device: str, name: str, out: Any, expected_path: Path, allowance: Allowance | None) -> Judged:
         seen = None
         try:
             # The copies before the hold: a transfer is not kernels' work, and a waiting timing would drain behind it.
-            out, expected = tensors.to_device(out, device), tensors.to_device(expected, device)
+            out, expected = tensors.to_device(out, device), self._expected_on(device, expected_path)
             with contextlib.nullcontext() if device == "cpu" else self.lock():
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
                 return seen, compare(out, expected, self.tolerance, allowance)

@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from reward_svc import verify
@@ -120,3 +121,29 @@ def test_a_sender_waits_for_room_only_while_the_judge_answers() -> None:
     sender._wait_for_room()
     assert time.monotonic() - started < 0.2  # the judge is gone: no wait
     assert not sender.takes([torch.zeros(4)])  # host tensors are never sent
+
+
+def test_a_groups_expected_outputs_are_loaded_once_for_all_its_judges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate's judge of a group asks for the same expected outputs: each is loaded (on a GPU,
+    copied to the device) once, and let go when the group ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = [tmp_path / f"expected_{case}.pt" for case in range(3)]
+    for path in paths:
+        tensors.save(path, torch.randn(16))
+    loads: list[Path] = []
+    load = tensors.load
+
+    def counted(path: Path, device: str = "cpu") -> object:
+        loads.append(path)
+        time.sleep(0.01)  # long enough for the judges to ask at once
+        return load(path, device)
+
+    monkeypatch.setattr(verify.tensors, "load", counted)
+    group = verify.GroupExpected("cpu")
+    with ThreadPoolExecutor(8) as judges:
+        got = list(judges.map(group.get, paths * 8))
+    assert sorted(loads) == sorted(paths)
+    assert all(got[i] is got[i % 3] for i in range(len(got)))
+    group.close()
+    assert not group._loaded
