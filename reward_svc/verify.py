@@ -284,12 +284,11 @@ class FileComparer:
         try:
             with self.lock():  # the clone is device work
                 out = [device_exchange.import_clone(fd, r.dtype, list(r.shape), device.index or 0) for fd, r in zip(fds, refs)]
-        except device_exchange.DeviceExchangeError as exc:
-            return None, EarlyVerdict(
-                Verdict("rejected", f"the device memory sent for {name} cannot be read: {exc}"[:500], guard="output_tampering")
-            )
         except torch.OutOfMemoryError:
             return None, _out_of_memory(self.device, name)
+        except Exception as exc:  # a descriptor of too little memory or of none (DeviceExchangeError), or worse
+            unreadable = f"the device memory sent for {name} cannot be read: {type(exc).__name__}: {exc}"[:500]
+            return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
         judged = self._compare_on(self.device, name, out if len(out) > 1 else out[0], expected, allowance)
         if isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory"):
             return self._compare_on("cpu", name, out if len(out) > 1 else out[0], expected, allowance)  # the device is full

@@ -42,7 +42,7 @@ from reward_svc.policy import check_native_sources
 from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
 from services.children import device_exchange, tensors
 from services.children.device import device_released
-from services.children.device_exchange import Sender
+from services.children.device_exchange import DeviceExchangeError, Sender
 from services.children.loading import import_file
 from services.children.models import build_model
 from services.children.ops import OpRecorder
@@ -198,8 +198,11 @@ class TrialOutputs:
         name, output = taken
         found = tensors.tensors_in(output)
         if self.sender is not None and self.sender.takes(found):  # a GB-sized output stays on the device
-            self.sender.send(name, found)
-            return
+            try:
+                self.sender.send(name, found)
+                return
+            except (DeviceExchangeError, OSError):  # no device memory to export into, or the judge's end gone: a file
+                self.sender = None
         part = self.workdir / f"{name}.pt.part"
         tensors.save(part, output)  # a device tensor's copy to the host is made here
         self._wait_for_the_judge()
