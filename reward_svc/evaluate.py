@@ -89,6 +89,7 @@ class Evaluator:
                     warm_children(self.settings, device),
                     HARNESS_CHILD,
                     SharedBuilds(self.layout, device),
+                    exchange=self.settings.reward_device_exchange,
                 )
             return self._pools[device]
 

@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -23,7 +23,8 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
-from services.children import tensors
+from services.children import device_exchange, tensors
+from services.children.device_exchange import SENT_DTYPES, Received
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.schemas.reward import GUARDS, Guard, Verdict
@@ -135,40 +136,29 @@ def _private_copy(fd: int, max_bytes: int, path: Path) -> Iterator[Path]:
         os.close(copy)
 
 
-# The dtypes an output sent on the device may be described with, by torch's name for them.
-SENT_DTYPES = {
-    str(dtype): dtype
-    for dtype in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.complex128,
-        torch.complex64,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-    )
-}
 MAX_SENT_DIMS = 16
 
 
-def _claimed_tensors(described: Any) -> list[torch.Tensor] | None:
-    """The tensors a device exchange message describes, as empty tensors of those dtypes and shapes on the
-    meta device (nothing is allocated), or None where it is not a list of plain descriptions."""
-    if not isinstance(described, dict) or not isinstance(described.get("tensors"), list):
+class Claimed(NamedTuple):
+    """A tensor as a device exchange message describes it: plain integers and a dtype, nothing allocated."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def _claimed(described: Any) -> list[Claimed] | None:
+    """The tensors a device exchange message describes, or None where it is not a non-empty list of plain
+    descriptions (dtypes among ``device_exchange.SENT_DTYPES``, shapes of at most 16 sizes below 2**48)."""
+    if not isinstance(described, dict) or not isinstance(described.get("tensors"), list) or not described["tensors"]:
         return None
-    claimed: list[torch.Tensor] = []
+    claimed: list[Claimed] = []
     for entry in described["tensors"]:
         if not isinstance(entry, dict) or entry.get("dtype") not in SENT_DTYPES or not isinstance(entry.get("shape"), list):
             return None
         shape = entry["shape"]
         if len(shape) > MAX_SENT_DIMS or not all(type(n) is int and 0 <= n < 1 << 48 for n in shape):
             return None
-        claimed.append(torch.empty(shape, dtype=SENT_DTYPES[entry["dtype"]], device="meta"))
+        claimed.append(Claimed(torch.Size(shape), SENT_DTYPES[entry["dtype"]]))
     return claimed
 
 
@@ -256,41 +246,62 @@ class FileComparer:
         with contextlib.suppress(OSError):  # a directory planted under the name: left, and judged in place
             output.unlink(missing_ok=True)
 
-    def consume_sent(self, name: str, described: Any, fds: list[int], expected: Path, allowance: Allowance | None) -> None:
-        """Judge an output the child sent on the device (``device_exchange``): ``described``, its tensors'
-        dtypes and shapes as the child's message gives them (untrusted), ``fds`` their memory. Each is
-        cloned into the judge's own memory before it is fingerprinted and compared (the child may still
-        write to its copy), and only a claim that matches the expected tensor's dtype and shape is mapped
-        at all: the judge never reads more bytes than the reference's output has."""
+    def consume_sent(self, name: str, received: Received, expected: Path, allowance: Allowance | None) -> None:
+        """Judge an output the child sent on the device (``device_exchange``): the message describes its
+        tensors' dtypes and shapes (untrusted), its descriptors are their memory. Only a description that is
+        the expected output's tensors in number, dtype and shape is mapped at all, for exactly their bytes,
+        and cloned into the judge's own memory before it is fingerprinted and compared (the child may still
+        write to its copy), then held to the harness's fingerprint as a file is. Any other description ends
+        the judging, as a file that cannot be compared does: an outcome the judge never read the bytes of
+        cannot be held to a fingerprint, so it can never count for the candidate (a knockout that reads as
+        "wrong")."""
         try:
-            self._judged[name] = self._judge_sent(name, described, fds, expected, allowance)
-            self.sent += 1
+            judged = self._judge_sent(name, received, expected, allowance)
         finally:
-            for fd in fds:
-                os.close(fd)
+            received.close()
+        with self._loading:
+            self._judged[name] = judged
+            self.sent += 1
 
-    def _judge_sent(self, name: str, described: Any, fds: list[int], expected: Path, allowance: Allowance | None) -> Judged:
-        from services.children import device_exchange
-
+    def _judge_sent(self, name: str, received: Received, expected: Path, allowance: Allowance | None) -> Judged:
+        if received.truncated:  # this worker's descriptor limit, not the candidate's doing
+            return None, EarlyVerdict(
+                Verdict(
+                    "runtime_error",
+                    f"not judged: the worker had no room for the descriptors of {name}",
+                    details={"out_of_memory": True},
+                )
+            )
         refs = tensors.tensors_in(self._expected(expected))
-        claimed = _claimed_tensors(described)
-        if claimed is None or len(fds) != len(claimed):
+        claimed = _claimed(received.message)
+        if claimed is None or len(received.fds) != len(claimed):
             malformed = f"the device exchange message for {name} is malformed or lacks its memory"
             return None, EarlyVerdict(Verdict("rejected", malformed, guard="output_tampering"))
         differs = _kinds_differ(claimed, refs)
-        if differs is not None:  # judged as the file would be, without a byte of it mapped
-            return None, differs
-        device = torch.device(self.device)
-        try:
-            with self.lock():  # the clone is device work
-                out = [device_exchange.import_clone(fd, r.dtype, list(r.shape), device.index or 0) for fd, r in zip(fds, refs)]
-        except torch.OutOfMemoryError:
+        if differs is not None:  # what comparing the same file would say, without a byte of it mapped
+            return None, EarlyVerdict(Verdict("incorrect", f"{name}: {differs.why}"))
+        device = torch.device(self.device).index or 0
+        out: Any = None
+        for to_host in (False, True):  # a clone the device has no room for is made in host memory
+            try:
+                with contextlib.nullcontext() if to_host else self.lock():  # a clone on the device is device work
+                    out = [
+                        device_exchange.import_clone(fd, r.dtype, list(r.shape), device, to_host=to_host)
+                        for fd, r in zip(received.fds, refs)
+                    ]
+                break
+            except torch.OutOfMemoryError:
+                continue
+            except device_exchange.DeviceExchangeError as exc:
+                if device_exchange.OUT_OF_MEMORY in str(exc):
+                    return None, _out_of_memory(self.device, name)
+                unreadable = f"the device memory sent for {name} cannot be read: {exc}"[:500]
+                return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
+        if out is None:
             return None, _out_of_memory(self.device, name)
-        except Exception as exc:  # a descriptor of too little memory or of none (DeviceExchangeError), or worse
-            unreadable = f"the device memory sent for {name} cannot be read: {type(exc).__name__}: {exc}"[:500]
-            return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
-        judged = self._compare_on(self.device, name, out if len(out) > 1 else out[0], expected, allowance)
-        if isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory"):
+        judged_on = "cpu" if out[0].device.type == "cpu" else self.device
+        judged = self._compare_on(judged_on, name, out if len(out) > 1 else out[0], expected, allowance)
+        if isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory") and judged_on != "cpu":
             return self._compare_on("cpu", name, out if len(out) > 1 else out[0], expected, allowance)  # the device is full
         return judged
 
@@ -439,6 +450,7 @@ class OutputStream:
 
     POLL_S = 0.01
     MAX_SENT_TENSORS = 64  # descriptors taken from one message (the kernel closes any beyond)
+    MAX_SENT_PER_POLL = 64
 
     def __init__(
         self, compare_files: FileComparer, files: TrialFiles, at_once: int = 1, exchange: socket.socket | None = None
@@ -488,39 +500,38 @@ class OutputStream:
             self._error = exc
 
     def _take_sent(self) -> None:
-        """Every output waiting in the device exchange socket, each judged as it comes (``consume_sent``) and
-        acknowledged once judged, which lets the harness send its next. A message under a name already
-        taken or not an output's is dropped with its descriptors: the harness's record of each output's
-        fingerprint decides what the one judged under its name must have been."""
-        from services.children import device_exchange
-
-        while self.exchange is not None:
+        """The outputs waiting in the device exchange socket (at most ``MAX_SENT_PER_POLL`` a poll), each judged
+        as it comes (``consume_sent``) and acknowledged once judged, which lets the harness send its next. A
+        message under a name already taken or not an output's is dropped with its descriptors: the harness's
+        record of each output's fingerprint decides what the one judged under its name must have been. An empty
+        record (the child hung up, or sent one) ends this poll, not the reading: descriptors parked in the
+        socket are taken and closed at every poll until the child is done."""
+        for _ in range(self.MAX_SENT_PER_POLL):
+            if self.exchange is None:
+                return
             try:
-                message, fds = device_exchange.receive(self.exchange, self.MAX_SENT_TENSORS)
+                received = device_exchange.receive(self.exchange, self.MAX_SENT_TENSORS)
             except BlockingIOError:
                 return
-            except OSError:  # the child's end is gone
+            except OSError:  # the socket itself failed: nothing more will come on it
                 self.exchange = None
                 return
-            if message is None:
-                self.exchange = None
-                return
-            name = message.get("name") if isinstance(message, dict) else None
+            name = received.message.get("name") if isinstance(received.message, dict) else None
             if name not in self.pending:
-                for fd in fds:
-                    os.close(fd)
+                received.close()
+                if received.empty:
+                    return
                 continue
             self.pending.remove(name)
-            self._judging.append(self._judges.submit(self._consume_sent, name, message, fds))
+            self._judging.append(self._judges.submit(self._consume_sent, name, received))
 
-    def _consume_sent(self, name: str, message: Any, fds: list[int]) -> None:
-        exchange = self.exchange
+    def _consume_sent(self, name: str, received: Received) -> None:
         try:
-            self.compare_files.consume_sent(name, message, fds, self.files.expected(name), self.files.allowance(name))
+            self.compare_files.consume_sent(name, received, self.files.expected(name), self.files.allowance(name))
         finally:
-            if exchange is not None:
+            if self.exchange is not None:
                 with contextlib.suppress(OSError):
-                    exchange.send(b"1")
+                    self.exchange.send(b"1")
 
 
 def judge(
@@ -918,7 +929,7 @@ def compare(output: Any, expected: Any, tolerance: Tolerance, allowance: Allowan
     return Comparison(not failure, failure, worst, bad / counted if counted else None)
 
 
-def _kinds_differ(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> Comparison | None:
+def _kinds_differ(outs: Sequence[torch.Tensor | Claimed], refs: list[torch.Tensor]) -> Comparison | None:
     """The comparison's verdict where the output's tensors are not the reference's in number, shape and
     dtype (read from the tensors' metadata only), else None."""
     if len(outs) != len(refs):

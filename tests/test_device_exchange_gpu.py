@@ -35,6 +35,7 @@ SENDER = textwrap.dedent(
 
 
 def _run_sender(tmp_path: Path, mode: str) -> tuple[object, list[int], SandboxProcess]:
+    """(the message a sandboxed sender sent, its descriptors, the sender)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     script = tmp_path / "sender.py"
     script.write_text(SENDER)
@@ -43,10 +44,10 @@ def _run_sender(tmp_path: Path, mode: str) -> tuple[object, list[int], SandboxPr
     process = SandboxProcess([sys.executable, str(script), str(theirs.fileno()), mode], confinement, pass_fds=(theirs.fileno(),))
     theirs.close()
     ours.settimeout(120)
-    message, fds = device_exchange.receive(ours, 1)
+    received = device_exchange.receive(ours, 1)
     ours.send(b"1")
     ours.close()
-    return message, fds, process
+    return received.message, received.fds, process
 
 
 def test_a_sandboxed_childs_output_arrives_as_this_processs_own_copy(tmp_path: Path) -> None:

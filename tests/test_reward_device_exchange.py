@@ -41,31 +41,39 @@ def _send(sock: socket.socket, message: object) -> None:
         os.close(write_end)
 
 
-def test_a_message_the_judge_cannot_map_is_a_verdict_and_is_acknowledged(tmp_path: Path) -> None:
+def test_a_message_the_judge_cannot_map_ends_the_judging_and_is_acknowledged(tmp_path: Path) -> None:
+    """What the judge decides from a description alone can never count for the candidate: a description
+    it cannot use is tampering, one of the wrong tensors is incorrect, and either ends the judging (it has
+    no bytes to hold to the harness's fingerprint). A knockout "judged wrong" from a forged description
+    would have passed a decoy."""
     compare_files, files, ours, theirs = _stream(tmp_path)
     before = _open_fds()
     with verify.OutputStream(compare_files, files, exchange=ours) as stream:
         _send(theirs, {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [4, 8, -1]}]})
         _send(theirs, {"name": "output_knockout", "tensors": [{"dtype": "torch.float16", "shape": [4, 8]}]})
         _send(theirs, {"name": "output_refresh", "tensors": [{"dtype": "torch.float32", "shape": [8, 4]}]})
-        _send(theirs, {"name": "output_recall", "tensors": [{"dtype": "__import__('os')", "shape": [4, 8]}]})
+        _send(theirs, {"name": "output_recall", "tensors": []})  # nothing to map: not a way round the knockout
+        _send(theirs, {"name": "output_timed_0", "tensors": [{"dtype": "torch.float64", "shape": [1 << 47, 1 << 47]}]})
         theirs.settimeout(10)
-        acknowledged = b"".join(theirs.recv(64) for _ in range(4))
-        assert not {"output_0", "output_knockout", "output_refresh", "output_recall"} & set(stream.pending)
-    assert acknowledged == b"1111"
+        acknowledged = b"".join(theirs.recv(64) for _ in range(5))
+        assert not {"output_0", "output_knockout", "output_refresh", "output_recall", "output_timed_0"} & set(stream.pending)
+    assert acknowledged == b"11111"
     assert _open_fds() - before == set()  # every descriptor that came with them is closed
-    judged = compare_files._judged
+    outcomes = {name: judged[1] for name, judged in compare_files._judged.items()}
+    assert all(isinstance(outcome, verify.EarlyVerdict) for outcome in outcomes.values()), outcomes
+    verdicts = {name: outcome.verdict for name, outcome in outcomes.items() if isinstance(outcome, verify.EarlyVerdict)}
     for name in ("output_0", "output_recall"):  # not a description of tensors at all
-        outcome = judged[name][1]
-        assert isinstance(outcome, verify.EarlyVerdict) and outcome.verdict.guard == "output_tampering", name
-    # a description of the wrong tensors is judged as the same output in a file would be, unread
-    assert judged["output_knockout"] == (
-        None,
-        verify.compare(torch.zeros(4, 8, dtype=torch.float16), torch.zeros(4, 8), verify.Tolerance()),
+        assert verdicts[name].status == "rejected" and verdicts[name].guard == "output_tampering", name
+    assert verdicts["output_timed_0"].status == "incorrect"  # 2**94 values where the answer has 32: not mapped
+    assert verdicts["output_knockout"].status == "incorrect" and "has dtype torch.float16" in verdicts["output_knockout"].reason
+    assert (
+        verdicts["output_refresh"].status == "incorrect"
+        and "has shape (8, 4), expected (4, 8)" in verdicts["output_refresh"].reason
     )
-    assert judged["output_refresh"] == (None, verify.compare(torch.zeros(8, 4), torch.zeros(4, 8), verify.Tolerance()))
-    refresh = judged["output_refresh"][1]
-    assert isinstance(refresh, verify.Comparison) and "has shape (8, 4), expected (4, 8)" in refresh.why
+    outcome = compare_files._judged["output_knockout"][1]
+    with pytest.raises(verify.EarlyVerdict):  # the judging ends there
+        compare_files(files.output("output_knockout"), files.expected("output_knockout"))
+    assert isinstance(outcome, verify.EarlyVerdict)
 
 
 def test_a_message_under_a_name_taken_or_unknown_is_dropped_with_its_descriptors(tmp_path: Path) -> None:
@@ -79,6 +87,10 @@ def test_a_message_under_a_name_taken_or_unknown_is_dropped_with_its_descriptors
         _send(theirs, {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}]})  # again: dropped
         _send(theirs, {"name": "../../etc/passwd", "tensors": []})
         _send(theirs, ["not", "a", "message"])
+        read_end, write_end = os.pipe()
+        socket.send_fds(theirs, [b"[" * 60000], [read_end])  # past the JSON parser's depth: RecursionError
+        os.close(read_end)
+        os.close(write_end)
         time.sleep(0.5)
         theirs.setblocking(False)
         try:
@@ -88,6 +100,20 @@ def test_a_message_under_a_name_taken_or_unknown_is_dropped_with_its_descriptors
     assert extra == b""  # nothing judged, nothing acknowledged
     assert _open_fds() - before == set()
     assert set(compare_files._judged) == {"output_0"}
+
+
+def test_an_empty_record_does_not_stop_the_reading(tmp_path: Path) -> None:
+    """An empty record reads like the child hanging up; the judge goes on reading at its next poll, so a
+    child cannot park descriptors in the socket (the kernel's in-flight limit is per user, shared by every
+    child) or hide a later output by sending one."""
+    compare_files, files, ours, theirs = _stream(tmp_path)
+    with verify.OutputStream(compare_files, files, exchange=ours) as stream:
+        theirs.send(b"")
+        time.sleep(0.1)
+        _send(theirs, {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [8, 4]}]})
+        theirs.settimeout(10)
+        assert theirs.recv(64) == b"1"
+        assert "output_0" not in stream.pending
 
 
 def test_what_the_child_sent_last_is_judged_after_it_ended(tmp_path: Path) -> None:
@@ -115,12 +141,21 @@ def test_a_sender_waits_for_room_only_while_the_judge_answers() -> None:
     ours.send(b"1")
     sender._wait_for_room()
     assert sender._unacknowledged == 0
+    ours.send(b"1" * 10)  # more acknowledgements than outputs sent (forged messages got some)
+    sender._unacknowledged = 1
+    sender._wait_for_room()
+    assert sender._unacknowledged == 0  # never below: the next output still waits its turn
+    sender._unacknowledged = 1
+    started = time.monotonic()
+    sender._wait_for_room()
+    assert time.monotonic() - started > 0.25
     sender._unacknowledged = 1
     ours.close()
     started = time.monotonic()
     sender._wait_for_room()
     assert time.monotonic() - started < 0.2  # the judge is gone: no wait
     assert not sender.takes([torch.zeros(4)])  # host tensors are never sent
+    assert "torch.float8_e4m3fn" not in device_exchange.SENT_DTYPES  # nor dtypes the judge does not take (checked on the GPU)
 
 
 def test_a_groups_expected_outputs_are_loaded_once_for_all_its_judges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,3 +182,26 @@ def test_a_groups_expected_outputs_are_loaded_once_for_all_its_judges(tmp_path: 
     assert all(got[i] is got[i % 3] for i in range(len(got)))
     group.close()
     assert not group._loaded
+
+
+def test_a_shortage_of_device_memory_is_not_blamed_on_the_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's answer decides: no memory to map or clone into is the worker's shortage (an
+    out-of-memory verdict, which the worker runs again), a descriptor that will not map is tampering.
+    The driver is stood in for here (no GPU on this machine); tests/test_device_exchange_gpu.py maps for real."""
+    compare_files, files, _ours, _theirs = _stream(tmp_path)
+    described = {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}]}
+    answers = iter(["cuMemMap: CUDA_ERROR_OUT_OF_MEMORY", "cuMemImportFromShareableHandle: CUDA_ERROR_INVALID_VALUE"])
+
+    def driver_says(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise device_exchange.DeviceExchangeError(next(answers))
+
+    monkeypatch.setattr(device_exchange, "import_clone", driver_says)
+    for name in ("output_0", "output_refresh"):
+        read_end, write_end = os.pipe()
+        os.close(write_end)
+        received = device_exchange.Received({**described, "name": name}, [read_end], truncated=False, empty=False)
+        compare_files.consume_sent(name, received, files.expected(name), None)
+    short, lied = (compare_files._judged[name][1] for name in ("output_0", "output_refresh"))
+    assert isinstance(short, verify.EarlyVerdict) and short.verdict.details.get("out_of_memory")
+    assert short.verdict.status == "runtime_error"
+    assert isinstance(lied, verify.EarlyVerdict) and lied.verdict.guard == "output_tampering"

@@ -31,6 +31,7 @@ _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 MAX_MESSAGE_BYTES = 1 << 16
+OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"  # in a DeviceExchangeError's message: a shortage, not a lie
 
 
 class DeviceExchangeError(RuntimeError):
@@ -176,7 +177,9 @@ def export(t: torch.Tensor) -> Exported:
     mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
     try:
         if nbytes:
-            mapping.bytes(nbytes, device).copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+            # lazy conjugate or negative views have no bytes of their own to copy as they are
+            plain = t.detach().resolve_conj().resolve_neg().contiguous()
+            mapping.bytes(nbytes, device).copy_(plain.reshape(-1).view(torch.uint8))
         torch.cuda.current_stream(device).synchronize()
         fd = ctypes.c_int()
         _call("cuMemExportToShareableHandle", ctypes.byref(fd), mapping.handle, _POSIX_FD, 0)
@@ -186,16 +189,18 @@ def export(t: torch.Tensor) -> Exported:
     return Exported(fd.value, nbytes, mapping)
 
 
-def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int) -> torch.Tensor:
-    """The bytes behind ``fd`` cloned into this process's own memory on ``device``, as ``dtype`` of
-    ``shape``. The mapping covers exactly those bytes (rounded up to the driver's granularity): an
-    allocation smaller than that fails to map (``DeviceExchangeError``) rather than be read past."""
+def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, to_host: bool = False) -> torch.Tensor:
+    """The bytes behind ``fd`` cloned into this process's own memory on ``device`` (``to_host``: in host
+    memory, where the device has no room for a clone), as ``dtype`` of ``shape``. The mapping covers exactly
+    those bytes (rounded up to the driver's granularity): an allocation smaller than that fails to map
+    (``DeviceExchangeError``) rather than be read past."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
     handle = ctypes.c_uint64()
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
     mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
     try:
-        raw = mapping.bytes(nbytes, device).clone() if nbytes else torch.empty(0, dtype=torch.uint8, device=device)
+        mapped = mapping.bytes(nbytes, device) if nbytes else torch.empty(0, dtype=torch.uint8, device=device)
+        raw = mapped.cpu() if to_host else mapped.clone()
         torch.cuda.current_stream(device).synchronize()  # the clone is done before the mapping goes
     finally:
         mapping.close()
@@ -212,6 +217,27 @@ def available(device: int = 0) -> bool:
         return False
     exported.close()
     return True
+
+
+# The dtypes an output may be sent with, by torch's name for them (the judge looks a message's up here,
+# never by a name the child chose); an output of another dtype goes as a file.
+SENT_DTYPES = {
+    str(dtype): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex128,
+        torch.complex64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 
 class SentTensor(TypedDict):
@@ -232,17 +258,30 @@ def send(sock: socket.socket, message: OutputMessage, fds: list[int]) -> None:
     socket.send_fds(sock, [json.dumps(message).encode()], fds)
 
 
-def receive(sock: socket.socket, max_fds: int) -> tuple[Any, list[int]]:
-    """(the message as sent: untrusted JSON, the descriptors with it); (None, []) once the sender is gone."""
-    data, fds, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE_BYTES, max_fds)
-    if not data:
-        for fd in fds:
+@dataclass
+class Received:
+    """One message off the exchange socket: what it says (untrusted JSON, or None where it does not
+    parse), the descriptors that came with it (the receiver closes them), and whether the kernel dropped
+    some of those for want of room here (``truncated``: this process's descriptor limit, not the sender's doing)."""
+
+    message: Any
+    fds: list[int]
+    truncated: bool
+    empty: bool  # no bytes: the sender hung up, or sent an empty record (the two look alike)
+
+    def close(self) -> None:
+        for fd in self.fds:
             os.close(fd)
-        return None, []
+        self.fds = []
+
+
+def receive(sock: socket.socket, max_fds: int) -> Received:
+    data, fds, flags, _address = socket.recv_fds(sock, MAX_MESSAGE_BYTES, max_fds)
     try:
-        return json.loads(data), fds
-    except ValueError:
-        return data, fds
+        message = json.loads(data) if data else None
+    except Exception:  # not JSON, or nested past the parser's depth (RecursionError)
+        message = None
+    return Received(message, fds, bool(flags & socket.MSG_CTRUNC), not data)
 
 
 class Sender:
@@ -258,7 +297,7 @@ class Sender:
     def takes(self, tensors: list[torch.Tensor]) -> bool:
         return (
             bool(tensors)
-            and all(t.device.type == "cuda" and t.layout == torch.strided for t in tensors)
+            and all(t.device.type == "cuda" and t.layout == torch.strided and str(t.dtype) in SENT_DTYPES for t in tensors)
             and sum(t.numel() * t.element_size() for t in tensors) >= self.min_bytes
         )
 
@@ -287,4 +326,4 @@ class Sender:
                 self.sock.settimeout(None)
             if not acknowledged:  # the judge's end is gone
                 break
-            self._unacknowledged -= acknowledged
+            self._unacknowledged = max(0, self._unacknowledged - acknowledged)  # one per output; more is not the judge's

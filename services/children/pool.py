@@ -140,7 +140,7 @@ class ChildPool:
 
     ``entry`` is the child's module (``python -m ENTRY WORKDIR DEVICE``, built on ``entry.serve``):
     the reward harness, the Proposer's validation child, the template's tracer; ``extras`` what its
-    kind needs besides.
+    kind needs besides; ``exchange``: GPU children get a device exchange socket (``Child.exchange``).
     """
 
     def __init__(
@@ -152,9 +152,10 @@ class ChildPool:
         size: int,
         entry: str,
         extras: ChildExtras | None = None,
+        exchange: bool = False,
     ) -> None:
         self.settings, self.layout, self.device, self.timeout_s, self.size = settings, layout, device, timeout_s, size
-        self.entry, self.extras = entry, extras
+        self.entry, self.extras, self.exchange = entry, extras, exchange
         self._warm: collections.deque[Child] = collections.deque()
         self._taken: weakref.WeakSet[Child] = weakref.WeakSet()  # running a job now: close() stops them too
         self._closed = False
@@ -207,13 +208,13 @@ class ChildPool:
         argv = [os.path.abspath(sys.executable), "-m", self.entry, str(workdir), self.device]
         lock_path = self.layout.gpu_lock(self.device)
         lock = DeviceLock.open(lock_path) if lock_path else None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if lock else (None, None)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if lock and self.exchange else (None, None)
         try:
             process = SandboxProcess(
                 argv,
                 self.confinement(workdir, inbox, build_inbox),
                 cwd=workdir,
-                pass_fds=(lock.lock_fd, lock.timings_fd, theirs.fileno()) if lock and theirs else (),
+                pass_fds=(lock.lock_fd, lock.timings_fd) + ((theirs.fileno(),) if theirs else ()) if lock else (),
             )
         except BaseException:
             if ours is not None:
