@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # verify imports torch, which this module loads only where it
     from reward_svc.verify import GroupExpected
 
 REPORTED_BUILDS = 8
+GROUP_EXPECTED_SHARE = 8  # a group keeps its expected outputs on the device within this share of the budget
 BUILD_FIELDS = frozenset({"name", "strategy", "seconds", "cache_hit", "ok"})  # of compile.CompileEntry
 CHILD_WARM_UP_S = 600.0  # the most a taken child is waited for to warm up (16 at once take about 15 s on the H200 host)
 MEMORY_RETRIES = 3  # runs again of a child that ran out of memory other children held (each after one of them ended)
@@ -190,17 +191,23 @@ class Evaluator:
 
     def _group_expected(self, group: contextlib.ExitStack, device: str, ref_result: ReferenceResult) -> GroupExpected | None:
         """With the device exchange, a GPU group whose outputs the judge compares on the device keeps its expected
-        outputs there for its candidates' judges, their bytes reserved for the group's life (``GroupExpected``)."""
+        outputs there for its candidates' judges (``GroupExpected``), where they take at most an eighth of the
+        device-memory budget. Their bytes are held against it for the group's life as a reference's files are
+        held against the scratch budget: counted before a new reference starts, never waited on by a candidate,
+        its own group's included (a reservation its own candidates had to fit beside could wait forever)."""
         from reward_svc.verify import HOST_JUDGE_MAX_BYTES, GroupExpected
 
         output_bytes = ref_result.get("output_bytes", 0)
+        group_bytes = ref_result["cases"] * output_bytes
         device_memory = self.device_memory(device)
         if not self.settings.reward_device_exchange or device_memory is None or output_bytes <= HOST_JUDGE_MAX_BYTES:
             return None
-        group.enter_context(device_memory.reserve(ref_result["cases"] * output_bytes))
+        if group_bytes > device_memory.capacity // GROUP_EXPECTED_SHARE:
+            return None
+        group.enter_context(device_memory.hold(group_bytes))
         group_expected = GroupExpected(device)
         group.callback(_release_device_memory, device)
-        group.callback(group_expected.close)  # before the reservation goes (the stack unwinds last in, first out)
+        group.callback(group_expected.close)  # before the hold goes (the stack unwinds last in, first out)
         return group_expected
 
     def _room_for_a_reference(self, device_memory: ByteBudget | None) -> bool:

@@ -24,7 +24,7 @@ import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
 from services.children import device_exchange, tensors
-from services.children.device_exchange import SENT_DTYPES, Received
+from services.children.device_exchange import MAX_SENT_DIMS, MAX_SENT_TENSORS, SENT_DTYPES, Received
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.schemas.reward import GUARDS, Guard, Verdict
@@ -136,9 +136,6 @@ def _private_copy(fd: int, max_bytes: int, path: Path) -> Iterator[Path]:
         os.close(copy)
 
 
-MAX_SENT_DIMS = 16
-
-
 class Claimed(NamedTuple):
     """A tensor as a device exchange message describes it: plain integers and a dtype, nothing allocated."""
 
@@ -149,11 +146,15 @@ class Claimed(NamedTuple):
 def _claimed(described: Any) -> list[Claimed] | None:
     """The tensors a device exchange message describes, or None where it is not a non-empty list of plain
     descriptions (dtypes among ``device_exchange.SENT_DTYPES``, shapes of at most 16 sizes below 2**48)."""
-    if not isinstance(described, dict) or not isinstance(described.get("tensors"), list) or not described["tensors"]:
+    if not isinstance(described, dict) or not isinstance(described.get("tensors"), list):
+        return None
+    if not 0 < len(described["tensors"]) <= MAX_SENT_TENSORS:
         return None
     claimed: list[Claimed] = []
     for entry in described["tensors"]:
-        if not isinstance(entry, dict) or entry.get("dtype") not in SENT_DTYPES or not isinstance(entry.get("shape"), list):
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            return None
+        if not isinstance(entry.get("dtype"), str) or entry["dtype"] not in SENT_DTYPES:
             return None
         shape = entry["shape"]
         if len(shape) > MAX_SENT_DIMS or not all(type(n) is int and 0 <= n < 1 << 48 for n in shape):
@@ -264,7 +265,11 @@ class FileComparer:
             self.sent += 1
 
     def _judge_sent(self, name: str, received: Received, expected: Path, allowance: Allowance | None) -> Judged:
-        if received.truncated:  # this worker's descriptor limit, not the candidate's doing
+        if received.truncated and len(received.fds) == MAX_SENT_TENSORS:  # more than any honest message carries
+            return None, EarlyVerdict(
+                Verdict("rejected", f"{name} came with more descriptors than tensors", guard="output_tampering")
+            )
+        if received.truncated:  # fewer than asked for: this worker's descriptor limit, not the candidate's doing
             return None, EarlyVerdict(
                 Verdict(
                     "runtime_error",
@@ -273,7 +278,10 @@ class FileComparer:
                 )
             )
         refs = tensors.tensors_in(self._expected(expected))
-        claimed = _claimed(received.message)
+        try:
+            claimed = _claimed(received.message)
+        except Exception:  # whatever else the untrusted message makes the reading of it raise: the message's fault
+            claimed = None
         if claimed is None or len(received.fds) != len(claimed):
             malformed = f"the device exchange message for {name} is malformed or lacks its memory"
             return None, EarlyVerdict(Verdict("rejected", malformed, guard="output_tampering"))
@@ -449,7 +457,6 @@ class OutputStream:
     device); ``KZ_REWARD_OUTPUTS_IN_FLIGHT`` sets both. What is left when the child ends is judged in place."""
 
     POLL_S = 0.01
-    MAX_SENT_TENSORS = 64  # descriptors taken from one message (the kernel closes any beyond)
     MAX_SENT_PER_POLL = 64
 
     def __init__(
@@ -510,7 +517,7 @@ class OutputStream:
             if self.exchange is None:
                 return
             try:
-                received = device_exchange.receive(self.exchange, self.MAX_SENT_TENSORS)
+                received = device_exchange.receive(self.exchange)  # descriptors beyond MAX_SENT_TENSORS: closed by the kernel
             except BlockingIOError:
                 return
             except OSError:  # the socket itself failed: nothing more will come on it

@@ -102,6 +102,29 @@ def test_a_message_under_a_name_taken_or_unknown_is_dropped_with_its_descriptors
     assert set(compare_files._judged) == {"output_0"}
 
 
+def test_no_message_can_fail_the_group_or_pin_the_workers_descriptors(tmp_path: Path) -> None:
+    """Whatever a message holds, it becomes its output's verdict: an unhashable dtype used to raise in the
+    judge and lose every verdict of the group. More descriptors than an output may have tensors are the
+    sender's doing: the kernel closes the excess, and the output is tampering."""
+    compare_files, files, ours, theirs = _stream(tmp_path)
+    before = _open_fds()
+    with verify.OutputStream(compare_files, files, exchange=ours):
+        _send(theirs, {"name": "output_0", "tensors": [{"dtype": ["torch.float32"], "shape": [4, 8]}]})
+        _send(theirs, {"name": "output_refresh", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}] * 17})
+        pipes = [os.pipe() for _ in range(device_exchange.MAX_SENT_TENSORS + 4)]
+        described = {"name": "output_recall", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}]}
+        socket.send_fds(theirs, [json.dumps(described).encode()], [read_end for read_end, _ in pipes])
+        for read_end, write_end in pipes:
+            os.close(read_end)
+            os.close(write_end)
+        theirs.settimeout(10)
+        assert b"".join(theirs.recv(64) for _ in range(3)) == b"111"
+    assert _open_fds() - before == set()
+    for name in ("output_0", "output_refresh", "output_recall"):
+        outcome = compare_files._judged[name][1]
+        assert isinstance(outcome, verify.EarlyVerdict) and outcome.verdict.guard == "output_tampering", name
+
+
 def test_an_empty_record_does_not_stop_the_reading(tmp_path: Path) -> None:
     """An empty record reads like the child hanging up; the judge goes on reading at its next poll, so a
     child cannot park descriptors in the socket (the kernel's in-flight limit is per user, shared by every

@@ -31,6 +31,10 @@ _POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 MAX_MESSAGE_BYTES = 1 << 16
+# At most this many tensors an output, of at most this many dimensions, is sent (more goes as a file): a message
+# holds a descriptor per tensor in the judge's process while it waits its turn there.
+MAX_SENT_TENSORS = 16
+MAX_SENT_DIMS = 16
 OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"  # in a DeviceExchangeError's message: a shortage, not a lie
 
 
@@ -171,6 +175,7 @@ def export(t: torch.Tensor) -> Exported:
     the mapping may be let go at once after (``Exported.close``), and a copy still queued would then
     write to an address no longer mapped (an illegal address, which poisons the process's CUDA context)."""
     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_device(device)  # the driver calls below act in this thread's current context
     nbytes = t.numel() * t.element_size()
     handle = ctypes.c_uint64()
     _call("cuMemCreate", ctypes.byref(handle), _rounded(nbytes, device), ctypes.byref(_prop(device)), 0)
@@ -195,6 +200,7 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     those bytes (rounded up to the driver's granularity): an allocation smaller than that fails to map
     (``DeviceExchangeError``) rather than be read past."""
     nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    torch.cuda.set_device(device)  # a judge's thread may not have used CUDA yet: the driver calls need its context
     handle = ctypes.c_uint64()
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
     mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
@@ -275,8 +281,9 @@ class Received:
         self.fds = []
 
 
-def receive(sock: socket.socket, max_fds: int) -> Received:
-    data, fds, flags, _address = socket.recv_fds(sock, MAX_MESSAGE_BYTES, max_fds)
+def receive(sock: socket.socket, max_fds: int = MAX_SENT_TENSORS) -> Received:
+    # close-on-exec from the start: no process this one starts inherits the sender's descriptors
+    data, fds, flags, _address = socket.recv_fds(sock, MAX_MESSAGE_BYTES, max_fds, socket.MSG_CMSG_CLOEXEC)
     try:
         message = json.loads(data) if data else None
     except Exception:  # not JSON, or nested past the parser's depth (RecursionError)
@@ -296,8 +303,11 @@ class Sender:
 
     def takes(self, tensors: list[torch.Tensor]) -> bool:
         return (
-            bool(tensors)
-            and all(t.device.type == "cuda" and t.layout == torch.strided and str(t.dtype) in SENT_DTYPES for t in tensors)
+            0 < len(tensors) <= MAX_SENT_TENSORS
+            and all(
+                t.device.type == "cuda" and t.layout == torch.strided and str(t.dtype) in SENT_DTYPES and t.dim() <= MAX_SENT_DIMS
+                for t in tensors
+            )
             and sum(t.numel() * t.element_size() for t in tensors) >= self.min_bytes
         )
 
