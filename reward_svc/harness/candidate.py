@@ -42,7 +42,7 @@ from reward_svc.policy import check_native_sources
 from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
 from services.children import device_exchange, tensors
 from services.children.device import device_released
-from services.children.device_exchange import DeviceExchangeError, Sender
+from services.children.device_exchange import Sender
 from services.children.loading import import_file
 from services.children.models import build_model
 from services.children.ops import OpRecorder
@@ -201,7 +201,7 @@ class TrialOutputs:
             try:
                 self.sender.send(name, found)
                 return
-            except (DeviceExchangeError, OSError):  # no device memory to export into, or the judge's end gone: a file
+            except Exception:  # no device memory to export into, the judge's end gone, or worse: the file path holds
                 self.sender = None
         part = self.workdir / f"{name}.pt.part"
         tensors.save(part, output)  # a device tensor's copy to the host is made here
