@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from reward_svc.verify import _load_output  # noqa: E402
 from services.children import device_exchange, tensors  # noqa: E402
 from services.sandbox import Confinement, SandboxProcess  # noqa: E402
 
@@ -58,6 +59,11 @@ def producer(path: str, sock_fd: int, gb: float, seed: int) -> None:
     socket.send_fds(sock, [header], [exported.fd])
     sock.recv(1)  # the judge has its clone
     exported.close()
+
+
+def _matches(t: torch.Tensor, checksum: float) -> bool:
+    """Whether ``t`` is the producer's output, by the sum it sent along."""
+    return abs(float(t.double().sum()) - checksum) < 1e-3 * max(1.0, abs(checksum))
 
 
 def one_exchange(gb: float, seed: int, sandboxed: bool, scratch: Path) -> dict[str, Any]:
@@ -87,7 +93,7 @@ def one_exchange(gb: float, seed: int, sandboxed: bool, scratch: Path) -> dict[s
     torch.cuda.synchronize()
     row["device_import_clone"] = time.perf_counter() - t0
     os.close(fds[0])
-    row["device_ok"] = abs(float(clone.double().sum()) - info["checksum"]) < 1e-3 * max(1.0, abs(info["checksum"]))
+    row["device_ok"] = _matches(clone, info["checksum"])
     del clone
     parent.send(b"1")
     if isinstance(process, SandboxProcess):
@@ -96,20 +102,15 @@ def one_exchange(gb: float, seed: int, sandboxed: bool, scratch: Path) -> dict[s
         process.wait()
     # the judge's half of the file path, today's (memfd, map, copy to the device) and read into pinned memory
     t0 = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    copy = os.memfd_create("kz-output", os.MFD_CLOEXEC)
-    size, done = os.fstat(fd).st_size, 0
-    while done < size:
-        done += os.sendfile(copy, fd, done, size - done)
-    loaded = tensors.load(Path(f"/proc/self/fd/{copy}"), "cuda")
+    size = path.stat().st_size
+    loaded = tensors.to_device(_load_output(path, size, private=True), "cuda")  # the judge's own read of a live child's file
     torch.cuda.synchronize()
     row["file_read_memfd_to_device"] = time.perf_counter() - t0
-    ok_file = abs(float(loaded.double().sum()) - info["checksum"]) < 1e-3 * max(1.0, abs(info["checksum"]))
+    ok_file = _matches(loaded, info["checksum"])
     del loaded
-    os.close(copy)
+    fd = os.open(path, os.O_RDONLY)
     t0 = time.perf_counter()
     pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-    os.lseek(fd, 0, os.SEEK_SET)
     view = pinned.numpy().data
     got = 0
     while got < size:

@@ -178,8 +178,8 @@ Judged = tuple[list[int] | None, Comparison | EarlyVerdict]  # (fingerprint of t
 class GroupExpected:
     """A group's expected outputs on the device, each copied there once, when a comparison first needs it,
     for every candidate's judge: a GB-sized expected output copied from its mapped file took 1.3-1.7 s on
-    the H200 host, once per output judged. The group reserves their bytes for its life and lets them go
-    at its end (``close``)."""
+    the H200 host, once per output judged. The group holds their bytes against the device-memory budget for
+    its life and lets them go at its end (``close``)."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -308,10 +308,7 @@ class FileComparer:
         if out is None:
             return None, _out_of_memory(self.device, name)
         judged_on = "cpu" if out[0].device.type == "cpu" else self.device
-        judged = self._compare_on(judged_on, name, out if len(out) > 1 else out[0], expected, allowance)
-        if isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory") and judged_on != "cpu":
-            return self._compare_on("cpu", name, out if len(out) > 1 else out[0], expected, allowance)  # the device is full
-        return judged
+        return self._compare_here_or_on_host(judged_on, name, out if len(out) > 1 else out[0], expected, allowance)
 
     def __call__(self, output: Path, expected: Path, allowance: Allowance | None = None) -> Comparison:
         seen, outcome = self._judged.get(output.stem) or self._judge_file(output, expected, allowance)
@@ -344,11 +341,8 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
-        if self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES:  # the same choice for every trial
-            judged = self._compare_on(self.device, output.stem, out, expected, allowance)
-            if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
-                return judged
-        return self._compare_on("cpu", output.stem, out, expected, allowance)  # small, or the device is full
+        on_device = self.device != "cpu" and expected.stat().st_size > HOST_JUDGE_MAX_BYTES  # the same choice for every trial
+        return self._compare_here_or_on_host(self.device if on_device else "cpu", output.stem, out, expected, allowance)
 
     def _expected(self, path: Path) -> Any:
         with self._loading:
@@ -365,6 +359,14 @@ class FileComparer:
         if self.group_expected is not None:
             return self.group_expected.get(path)
         return tensors.to_device(self._expected(path), device)
+
+    def _compare_here_or_on_host(self, device: str, name: str, out: Any, expected: Path, allowance: Allowance | None) -> Judged:
+        """Compared on ``device``, or on the host where that is the host or the device has no room."""
+        if device != "cpu":
+            judged = self._compare_on(device, name, out, expected, allowance)
+            if not (isinstance(judged[1], EarlyVerdict) and judged[1].verdict.details.get("out_of_memory")):
+                return judged
+        return self._compare_on("cpu", name, out, expected, allowance)
 
     def _compare_on(self, device: str, name: str, out: Any, expected_path: Path, allowance: Allowance | None) -> Judged:
         seen = None

@@ -162,7 +162,6 @@ class Exported:
     """A tensor's bytes in an exportable allocation: ``fd`` to send, ``close`` once it is sent."""
 
     fd: int
-    nbytes: int
     _mapping: _Mapping
 
     def close(self) -> None:
@@ -177,9 +176,10 @@ def export(t: torch.Tensor) -> Exported:
     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
     torch.cuda.set_device(device)  # the driver calls below act in this thread's current context
     nbytes = t.numel() * t.element_size()
+    size = _rounded(nbytes, device)
     handle = ctypes.c_uint64()
-    _call("cuMemCreate", ctypes.byref(handle), _rounded(nbytes, device), ctypes.byref(_prop(device)), 0)
-    mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
+    _call("cuMemCreate", ctypes.byref(handle), size, ctypes.byref(_prop(device)), 0)
+    mapping = _Mapping(handle.value, size, device)
     try:
         if nbytes:
             # lazy conjugate or negative views have no bytes of their own to copy as they are
@@ -191,7 +191,7 @@ def export(t: torch.Tensor) -> Exported:
     except BaseException:
         mapping.close()
         raise
-    return Exported(fd.value, nbytes, mapping)
+    return Exported(fd.value, mapping)
 
 
 def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, to_host: bool = False) -> torch.Tensor:
@@ -199,7 +199,7 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     memory, where the device has no room for a clone), as ``dtype`` of ``shape``. The mapping covers exactly
     those bytes (rounded up to the driver's granularity): an allocation smaller than that fails to map
     (``DeviceExchangeError``) rather than be read past."""
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     torch.cuda.set_device(device)  # a judge's thread may not have used CUDA yet: the driver calls need its context
     handle = ctypes.c_uint64()
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
@@ -268,7 +268,7 @@ def send(sock: socket.socket, message: OutputMessage, fds: list[int]) -> None:
 class Received:
     """One message off the exchange socket: what it says (untrusted JSON, or None where it does not
     parse), the descriptors that came with it (the receiver closes them), and whether the kernel dropped
-    some of those for want of room here (``truncated``: this process's descriptor limit, not the sender's doing)."""
+    some of those (``truncated``: more than ``max_fds`` were sent, or this process had no room for them)."""
 
     message: Any
     fds: list[int]
@@ -294,8 +294,8 @@ def receive(sock: socket.socket, max_fds: int = MAX_SENT_TENSORS) -> Received:
 class Sender:
     """The child's end of the exchange socket: a trial output whose tensors are all on the device and
     together at least ``min_bytes`` goes over it (``send``), the rest is left to the file exchange. At
-    most ``in_flight`` sent outputs wait for the judge's acknowledgement (it acknowledges once it has its
-    own copy); after ``wait_s`` the next is sent anyway (the judge is late, not gone)."""
+    most ``in_flight`` sent outputs wait for the judge's acknowledgement (it acknowledges once it has judged
+    one); after ``wait_s`` the next is sent anyway (the judge is late, not gone)."""
 
     def __init__(self, sock: socket.socket, min_bytes: int, in_flight: int, wait_s: float = 60.0) -> None:
         self.sock, self.min_bytes, self.in_flight, self.wait_s = sock, min_bytes, max(1, in_flight), wait_s
