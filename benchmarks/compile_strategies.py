@@ -7,7 +7,7 @@ rows say where the time goes; the end-to-end rows go through ``install_fast_load
 
 - header tiers (``original``/``light``/``minimal``: see reward_svc/compile.py);
 - torch's default arch flags (compute_90 PTX + sm_90) against our single ``sm_90`` target;
-- the bindings unit against its precompiled header (``compile.build_bindings_pch``; torch's own
+- the bindings unit against its precompiled header (``compile.build_precompiled_headers``; torch's own
   ``use_pch`` writes its .gch into site-packages, read-only in the sandbox);
 - the two units one after the other against in parallel, then a cache hit.
 
@@ -91,17 +91,17 @@ def arch_row(toolchain: kzc.Toolchain, work: Path) -> Row:
 
 
 def pch_rows(toolchain: kzc.Toolchain, work: Path, *, compile_only: bool) -> list[Row]:
-    """The bindings' precompiled header (compile.build_bindings_pch, what a GPU worker builds once), then
+    """The bindings' precompiled header (compile.build_precompiled_headers, what a GPU worker builds once), then
     main.cpp at the lean tier against it."""
     started = time.perf_counter()
-    built = kzc.build_bindings_pch(work / "pch", compile_only=compile_only, variants=[(True, ())])
+    built = kzc.build_precompiled_headers(work / "pch", compile_only=compile_only, bindings=[(True, ())], cuda_hosts=[])
     built_s = time.perf_counter() - started
     size_mb = sum(p.stat().st_size for p in (work / "pch").glob(f"*/{kzc.PCH_HEADER}.gch")) / 2**20
-    os.environ[kzc.BINDINGS_PCH_ENV] = str(work / "pch")
+    os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(work / "pch")
     try:
         attempt = kzc.compile_unit(request(), toolchain, "lean", work, cuda=False)
     finally:
-        del os.environ[kzc.BINDINGS_PCH_ENV]
+        del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
     return [
         Row("main.cpp (c++ -c)", "PCH build (bindings base, once per machine)", built_s, bool(built), f"{size_mb:.0f} MiB .gch"),
         Row("main.cpp (c++ -c)", "tier lean + PCH", attempt.seconds, attempt.ok and attempt.pch),
@@ -126,14 +126,14 @@ def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = N
     if not compile_only:
         rows.append(call_row(module))
     if pch_dir is not None:  # the same miss where a worker built the bindings' header (another cache: a miss again)
-        os.environ[kzc.BINDINGS_PCH_ENV] = str(pch_dir)
+        os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(pch_dir)
         try:
             with_pch = kzc.install_fast_load_inline(cache / "with-pch", compile_only=compile_only)
             from torch.utils.cpp_extension import load_inline as load_with_pch
 
             load_with_pch(**LOAD_KWARGS)
         finally:
-            del os.environ[kzc.BINDINGS_PCH_ENV]
+            del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
         entry = with_pch.entries[-1]
         rows.append(Row("end to end", "miss, default plan, bindings PCH built", entry.seconds, entry.ok, entry.strategy))
     load_inline(**LOAD_KWARGS)  # the drop-in installed first, its cache now warm

@@ -8,7 +8,7 @@ the child left there (links, FIFOs, other files, junk) is dropped. A child never
 own source's build is hard-linked into its read-only inbox (sandbox.py), so no candidate reads or
 poisons another's binaries. The cache is capped (``KZ_REWARD_CACHE_MAX_BYTES``): least recently
 used builds go first, but never one used within ``in_use_s``, since a running child may be loading
-it. ``triton-base`` and ``bindings-pch-*`` (reward_svc/shared_builds.py) are never evicted.
+it. ``triton-base`` and ``precompiled-headers-*`` (reward_svc/shared_builds.py) are never evicted.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from reward_svc.shared_builds import BINDINGS_PCH_PREFIX  # one per torch
+from reward_svc.shared_builds import PRECOMPILED_HEADERS_PREFIX  # one per torch
 from services.children.files import publish_dir
 from services.db.tasks import source_sha256
 
@@ -87,7 +87,7 @@ class BuildCache:
             entries = [
                 (p.stat().st_mtime, _size(p), p)
                 for p in self.root.iterdir()
-                if p.name not in PROTECTED and not p.name.startswith(BINDINGS_PCH_PREFIX) and p.is_dir()
+                if p.name not in PROTECTED and not p.name.startswith(PRECOMPILED_HEADERS_PREFIX) and p.is_dir()
             ]
             total = sum(size for _, size, _ in entries)
             evicted: list[str] = []

@@ -35,17 +35,21 @@ This module is imported inside the sandboxed child, before the candidate, and
 - compiles the bindings unit (``main.cpp``) and the CUDA unit (``cuda.cu``) in parallel, for the
   one target arch of the device (no PTX, no multi-arch), then links and imports; the bindings
   unit at the lean and minimal tiers starts from a GCC precompiled header of what every one
-  starts with (``bindings_base``) where one was built for its flags (``$KZ_BINDINGS_PCH``: a GPU
-  worker's trusted child builds them, reward_svc/shared_builds.py; torch's own ``use_pch`` writes
-  into site-packages, read-only in the sandbox), and only when nothing in the unit comes before
-  its prelude;
+  starts with (``bindings_base``) where one was built for its flags, and only when nothing in the
+  unit comes before its prelude; the CUDA unit's final host compile starts from a GCC precompiled
+  header of the host code that cudafe++ writes for the prelude's base headers (``HostPrefix``,
+  reward_svc/nvcc_phases.py) where its own begins with the same text. Both kinds of header are
+  built for the flags candidates pass most by a GPU worker's trusted child and shared read-only
+  (``$KZ_PRECOMPILED_HEADERS``, reward_svc/shared_builds.py); torch's own ``use_pch`` writes into
+  site-packages, read-only in the sandbox;
 - publishes atomically (build in a temporary directory, ``rename``), so concurrent processes
   building the same hash are safe: the first rename wins and the others use its result;
 - with ``compile_only=True`` (no GPU here) compiles both units with ``-c`` only and returns a
   stand-in module whose functions raise ``RuntimeError('compiled only: no GPU here')``.
 
-nvcc (13.0) has no precompiled headers, and its phases for one ``.cu`` run strictly in sequence
-(cicc needs the module id that cudafe++ writes last), so the header diet is the lever: what each
+nvcc (13.0) has no precompiled headers for its front ends, and its phases for one ``.cu`` run
+strictly in sequence (cicc needs the module id that cudafe++ writes last), so the header diet is
+the lever for cudafe++ and cicc: what each
 tier costs is measured by ``benchmarks/compile_strategies.py`` (``benchmarks/results/
 compile_strategies_cpu.json``), cold and cached builds on a GPU host by ``benchmarks/reward_gpu.py``
 (``benchmarks/results/reward_gpu_h200_*.json``).
@@ -65,6 +69,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import types
 import uuid
@@ -74,7 +79,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reward_svc.nvcc_phases import compile_cu, toolchain_env
+from reward_svc.nvcc_phases import HostPrefix, build_host_prefix, compile_cu, toolchain_env
 
 # Bump when the generated sources, flags or cache layout change: old cache entries then miss.
 STRATEGY_VERSION = "1"
@@ -120,13 +125,16 @@ BINDINGS_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
 MINIMAL_BASE_HEADERS = ("optional", "ATen/core/Tensor.h", "ATen/Dispatch.h")
 _BINDINGS_BASE_GUARD = "KZ_BINDINGS_BASE_H"
 BINDINGS_PRELUDE_INCLUDE = '#include "kz_bindings.h"'
-# A directory of precompiled bindings bases, ``<pch_key>/kz_pch.h(.gch)``, built by a child that runs only
-# our code and shared read-only (reward_svc/shared_builds.py); each build finds its own by its flags.
-BINDINGS_PCH_ENV = "KZ_BINDINGS_PCH"
+# A directory of precompiled headers, built by a child that runs only our code and shared read-only
+# (reward_svc/shared_builds.py): bindings bases, ``bindings-<pch_key>/kz_pch.h(.gch)``, and CUDA host
+# prefixes, ``cuda-host-<host_prefix_key>/``; each build finds its own by its flags.
+PRECOMPILED_HEADERS_ENV = "KZ_PRECOMPILED_HEADERS"
 PCH_HEADER = "kz_pch.h"
-# What is built ahead: a CUDA source's bindings unit with the host flags candidates pass most (none, -O3);
-# a unit with other flags compiles without one (GCC refuses a header precompiled with other options).
-PCH_VARIANTS: tuple[tuple[bool, tuple[str, ...]], ...] = ((True, ()), (True, ("-O3",)))
+CUDA_PRELUDE = "kz_cuda.h"
+# What is built ahead: a CUDA source's bindings unit and CUDA unit with the flags candidates pass most (none,
+# -O3); a unit with other flags compiles without one (GCC refuses a header precompiled with other options).
+BINDINGS_PCH_VARIANTS: tuple[tuple[bool, tuple[str, ...]], ...] = ((True, ()), (True, ("-O3",)))
+HOST_PREFIX_VARIANTS: tuple[tuple[str, ...], ...] = ((), ("-O3",))
 
 # Declarations that torch's headers need from the CUDA math libraries, for a compile-only
 # machine whose toolkit lacks them. Calls into those libraries still fail (ToolchainUnavailable).
@@ -957,7 +965,7 @@ class Attempt:
     ok: bool
     seconds: float
     stderr: str
-    pch: bool = False  # a precompiled bindings base was used
+    pch: bool = False  # it started from a precompiled header (the bindings base, or the CUDA host prefix)
 
     def describe(self) -> str:
         return f"{self.tier}{'+pch' if self.pch else ''}({self.seconds:.1f}s{'' if self.ok else ' failed'})"
@@ -1000,31 +1008,39 @@ def unit_source(request: InlineRequest, toolchain: Toolchain, tier: str, *, cuda
 
 def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: Path, *, cuda: bool) -> Attempt:
     """Compile ``main.cpp`` (host compiler) or ``cuda.cu`` (nvcc) at ``tier`` to ``work/{cpp,cu}.o``."""
-    text, header = unit_source(request, toolchain, tier, cuda=cuda)
     unit = "cu" if cuda else "cpp"
     unit_dir = work / f"{unit}-{tier}"
+    cmd, source = write_unit(request, toolchain, tier, unit_dir, cuda=cuda)
+    started = time.perf_counter()
+    if cuda:
+        stubs = [toolchain.stub_include] if toolchain.stub_include else []
+        compiled = compile_cu(cmd, source, work / f"{unit}.o", unit_dir, prebuilt_host_prefixes(), stubs)
+        result, pch_used = _checked(compiled.result, cmd), compiled.prefixed
+    else:
+        pch = (
+            prebuilt_pch(request, toolchain) if tier in ("lean", "minimal") and _opens_with_prelude(source.read_text()) else None
+        )
+        if pch is not None:  # GCC reads kz_pch.h.gch beside it, or the text if the flags void it (and says why)
+            cmd += ["-include", str(pch), "-Winvalid-pch"]
+        result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
+        pch_used = pch is not None and f"{PCH_HEADER}.gch: not used" not in (result.stderr or result.stdout)
+    stderr = result.stderr or result.stdout
+    return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), stderr, pch_used)
+
+
+def write_unit(request: InlineRequest, toolchain: Toolchain, tier: str, unit_dir: Path, *, cuda: bool) -> tuple[list[str], Path]:
+    """Write the unit at ``tier`` (its source, prelude and lean headers) into ``unit_dir``; return its compiler
+    command, less ``-c``, the source and the output, and the source's path."""
+    text, header = unit_source(request, toolchain, tier, cuda=cuda)
     unit_dir.mkdir(exist_ok=True)
     source = unit_dir / ("cuda.cu" if cuda else "main.cpp")
     source.write_text(text)
     if header is not None:
-        (unit_dir / ("kz_cuda.h" if cuda else "kz_bindings.h")).write_text(header)
-    if cuda:
-        cmd = [str(toolchain.nvcc), *cuda_flags(request, toolchain)]
-    else:
-        cmd = [toolchain.cxx, *cpp_flags(request, toolchain)]
+        (unit_dir / (CUDA_PRELUDE if cuda else "kz_bindings.h")).write_text(header)
+    cmd = [str(toolchain.nvcc), *cuda_flags(request, toolchain)] if cuda else [toolchain.cxx, *cpp_flags(request, toolchain)]
     if tier == "lean":  # -I: searched before torch's -isystem directories
         cmd.insert(1, f"-I{write_lean_headers(request, toolchain, unit_dir)}")
-    pch = prebuilt_pch(request, toolchain) if not cuda and tier in ("lean", "minimal") and _opens_with_prelude(text) else None
-    if pch is not None:  # GCC reads kz_pch.h.gch beside it, or the text if the flags void it (and says why)
-        cmd += ["-include", str(pch), "-Winvalid-pch"]
-    started = time.perf_counter()
-    if cuda:
-        result = _checked(compile_cu(cmd, source, work / f"{unit}.o", unit_dir), cmd)
-    else:
-        result = _run([*cmd, "-c", str(source), "-o", str(work / f"{unit}.o")], unit_dir)
-    stderr = result.stderr or result.stdout
-    pch_used = pch is not None and f"{PCH_HEADER}.gch: not used" not in stderr
-    return Attempt(tier, result.returncode == 0, round(time.perf_counter() - started, 3), stderr, pch_used)
+    return cmd, source
 
 
 def _opens_with_prelude(text: str) -> bool:
@@ -1041,31 +1057,55 @@ def pch_flags(request: InlineRequest, toolchain: Toolchain) -> list[str]:
 
 def pch_key(request: InlineRequest, toolchain: Toolchain) -> str:
     """Which precompiled bindings base a unit can use: the toolchain (torch's version: GCC checks flags and
-    macros, not whether the headers behind a .gch changed), the flags and the header's text. A compile-only
-    machine's stub headers live in each process's own cache (``portable``), and no bindings header reads them."""
-    flags = [f.replace(toolchain.stub_include, STUBS) if toolchain.stub_include else f for f in pch_flags(request, toolchain)]
-    blob = json.dumps([STRATEGY_VERSION, portable(toolchain), flags, bindings_base(toolchain)], sort_keys=True).encode()
+    macros, not whether the headers behind a .gch changed), the flags and the header's text."""
+    return _header_key(pch_flags(request, toolchain), bindings_base(toolchain), toolchain)
+
+
+def host_prefix_key(request: InlineRequest, toolchain: Toolchain) -> str:
+    """The directory of the CUDA host prefix built for a probe with this unit's nvcc flags (a unit takes whichever
+    was built for its final host compile's flags, ``compile_cu``, and compares the text, ``HostPrefix.start``)."""
+    flags = [f for f in cuda_flags(request, toolchain) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    return _header_key(flags, "\n".join(MINIMAL_BASE_HEADERS), toolchain)
+
+
+def _header_key(flags: Sequence[str], text: str, toolchain: Toolchain) -> str:
+    """A compile-only machine's stub headers live in each process's own cache (``portable``); no precompiled
+    header reads them."""
+    flags = [f.replace(toolchain.stub_include, STUBS) if toolchain.stub_include else f for f in flags]
+    blob = json.dumps([STRATEGY_VERSION, portable(toolchain), flags, text], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def prebuilt_pch(request: InlineRequest, toolchain: Toolchain) -> Path | None:
-    """The precompiled bindings base for this unit's flags under ``$KZ_BINDINGS_PCH``, if one was built."""
-    root = os.environ.get(BINDINGS_PCH_ENV)
-    header = Path(root) / pch_key(request, toolchain) / PCH_HEADER if root else None
+    """The precompiled bindings base for this unit's flags under ``$KZ_PRECOMPILED_HEADERS``, if one was built."""
+    root = os.environ.get(PRECOMPILED_HEADERS_ENV)
+    header = Path(root) / f"bindings-{pch_key(request, toolchain)}" / PCH_HEADER if root else None
     return header if header is not None and header.with_name(f"{PCH_HEADER}.gch").is_file() else None
 
 
-def build_bindings_pch(
-    root: Path, *, compile_only: bool, variants: Sequence[tuple[bool, tuple[str, ...]]] = PCH_VARIANTS
+def prebuilt_host_prefixes() -> list[HostPrefix]:
+    """The precompiled CUDA host prefixes under ``$KZ_PRECOMPILED_HEADERS`` (one per set of host flags built)."""
+    root = os.environ.get(PRECOMPILED_HEADERS_ENV)
+    found = [HostPrefix.find(d) for d in sorted(Path(root).glob("cuda-host-*"))] if root else []
+    return [prefix for prefix in found if prefix is not None]
+
+
+def build_precompiled_headers(
+    root: Path,
+    *,
+    compile_only: bool,
+    bindings: Sequence[tuple[bool, tuple[str, ...]]] = BINDINGS_PCH_VARIANTS,
+    cuda_hosts: Sequence[tuple[str, ...]] = HOST_PREFIX_VARIANTS,
 ) -> list[Path]:
-    """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/<pch_key>/``, one
-    after another (beside the first jobs: a core, not two); the directories built (a variant that fails to
+    """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/bindings-<pch_key>/``
+    and, where nvcc is, the CUDA host prefix for each set of nvcc flags into ``root/cuda-host-<host_prefix_key>/``,
+    one after another (beside the first jobs: a core, not two); the directories built (a variant that fails to
     build is left out: its units compile without)."""
     toolchain = detect_toolchain(root, compile_only=compile_only, arch=None)
 
-    def build_one(variant: tuple[bool, tuple[str, ...]]) -> Path | None:
+    def build_bindings(variant: tuple[bool, tuple[str, ...]]) -> Path | None:
         request = make_request("kz_pch", "", with_cuda=variant[0], extra_cflags=list(variant[1]))
-        target = root / pch_key(request, toolchain)
+        target = root / f"bindings-{pch_key(request, toolchain)}"
         target.mkdir(parents=True, exist_ok=True)
         (target / PCH_HEADER).write_text(bindings_base(toolchain) + "\n")
         header = [toolchain.cxx, *pch_flags(request, toolchain), "-x", "c++-header", str(target / PCH_HEADER)]
@@ -1074,7 +1114,22 @@ def build_bindings_pch(
         shutil.rmtree(target, ignore_errors=True)
         return None
 
-    return [target for target in map(build_one, variants) if target is not None]
+    def build_cuda_host(flags: tuple[str, ...]) -> Path | None:
+        # a probe with the prelude's base headers and no operator: what every CUDA unit's host code begins with
+        request = make_request("kz_probe", "", "#include <torch/extension.h>\n", extra_cuda_cflags=list(flags))
+        target = root / f"cuda-host-{host_prefix_key(request, toolchain)}"
+        with tempfile.TemporaryDirectory(dir=root) as probe:
+            cmd, source = write_unit(request, toolchain, "lean", Path(probe), cuda=True)
+            stubs = [toolchain.stub_include] if toolchain.stub_include else []
+            if build_host_prefix(cmd, source, target, CUDA_PRELUDE, stubs) is not None:
+                return target
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+
+    root.mkdir(parents=True, exist_ok=True)
+    built = [build_bindings(variant) for variant in bindings]
+    built += [build_cuda_host(flags) for flags in cuda_hosts] if toolchain.nvcc else []
+    return [target for target in built if target is not None]
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -16,23 +16,42 @@ cicc 4.4 s, host compile 3.5 s, 17 s in all), so this module
 The plan is used only when it has exactly the shape described; anything else (another nvcc
 version, several target archs, ``-rdc``) compiles with one plain ``nvcc -c``, as does a failed
 step, so a parallel plan can never turn a compilable source into a compile error.
+
+The final host compile parses cudafe++'s output, torch's headers again as regenerated text. Where
+that text begins with what a trusted probe unit's began with (the same headers, flags and
+toolchain: ``HostPrefix``, built by :func:`build_host_prefix`), it starts instead from a GCC
+precompiled header of that beginning. The two texts can differ in one way only, the name cudafe++
+gives the host's anonymous namespaces (``_GLOBAL__N_<module id>``: hidden, internal to the unit),
+which is renamed to the probe's before the texts are compared; whatever else differs, the unit
+compiles from its own text. cudafe++ has precompiled headers of its own, but using one crashes it
+(CUDA 13.0), so this is the one front end that starts from one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 _EXPECTED_TOOLS = ("preprocess", "cudafe++", "preprocess", "cicc", "ptxas", "fatbinary", "compile")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _GEN_MODULE_ID = "--gen_module_id_file"
 _MODULE_ID_FILE = re.compile(r'--module_id_file_name\s+"?([^"\s]+)"?')
+_GEN_C_FILE = re.compile(r'--gen_c_file_name\s+"?([^"\s]+)"?')
+_STUB_FILE = re.compile(r'--stub_file_name\s+"?([^"\s]+)"?')
+PREFIX_HEADER = "kz_host_prefix.h"
+PREFIX_MODULE_ID = "module_id"
+PREFIX_FLAGS = "host_flags.json"
+# Braces outside string and character literals (cudafe++ writes no comments): a prefix must close all it opens.
+_BRACE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[{}]')
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,44 @@ class Phases:
     device: list[str]
     final: list[str]
     module_id_file: Path
+    host_output: Path  # cudafe++'s host code, what the final step compiles
+    stub: Path  # the registration stub it includes, written by cicc
+
+
+class CompiledCu(NamedTuple):
+    result: subprocess.CompletedProcess[str]
+    prefixed: bool  # the final host compile started from a precompiled prefix
+    phases: Phases | None  # the parallel plan that compiled it (None: plain nvcc)
+
+
+@dataclass(frozen=True)
+class HostPrefix:
+    """A precompiled beginning of cudafe++'s host output: ``header`` (its text, beside ``header.gch``), the
+    module id of the probe it was cut from, and the final host compile's flags it was built with (``host_flags``:
+    GCC uses a precompiled header only under the flags it was built with)."""
+
+    header: Path
+    module_id: str
+    flags: tuple[str, ...]
+
+    @classmethod
+    def find(cls, directory: Path) -> HostPrefix | None:
+        header, module, flags = directory / PREFIX_HEADER, directory / PREFIX_MODULE_ID, directory / PREFIX_FLAGS
+        if not (module.is_file() and flags.is_file() and header.with_name(f"{PREFIX_HEADER}.gch").is_file()):
+            return None
+        return cls(header, module.read_text().strip(), tuple(json.loads(flags.read_text())))
+
+    def start(self, host_text: str, stub_text: str, own_module_id: str) -> str | None:
+        """``host_text`` (a unit's cudafe++ output, compiled with ``own_module_id``) made to include this prefix
+        in place of the text it begins with; None where it does not begin with it."""
+        own = re.compile(rf"(?<!\w)_GLOBAL__N_{re.escape(own_module_id)}(?!\w)")
+        if own.search(stub_text):  # the stub names a host namespace by its own id: leave the unit as it is
+            return None
+        renamed = own.sub(f"_GLOBAL__N_{self.module_id}", host_text)
+        prefix = self.header.read_text()
+        if own_module_id in renamed or not renamed.startswith(prefix):
+            return None
+        return f'#include "{self.header}"\n' + renamed[len(prefix) :]
 
 
 def toolchain_env() -> dict[str, str]:
@@ -50,27 +107,100 @@ def toolchain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("NVCC_")}
 
 
-def compile_cu(nvcc_cmd: list[str], source: Path, output: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Compile ``source`` to ``output`` like ``nvcc_cmd -c source -o output``, front ends in parallel."""
+def compile_cu(
+    nvcc_cmd: list[str],
+    source: Path,
+    output: Path,
+    cwd: Path,
+    host_prefixes: Sequence[HostPrefix] = (),
+    unit_paths: Sequence[str] = (),
+) -> CompiledCu:
+    """Compile ``source`` to ``output`` like ``nvcc_cmd -c source -o output``, front ends in parallel, the
+    final host compile from the one of ``host_prefixes`` built with its flags (``cwd`` and ``unit_paths``, this
+    unit's own directories, aside) where the unit's host code begins with it."""
     keep = cwd / "nvcc-keep"
     keep.mkdir(exist_ok=True)
-    plain = [*nvcc_cmd, "-c", str(source), "-o", str(output)]
+    # by its name where it can be: its path would be in the host code's first line, unlike any other unit's
+    named = source.name if source.parent.resolve() == cwd.resolve() else str(source)
+    plain = [*nvcc_cmd, "-c", named, "-o", str(output)]
     env = toolchain_env()
     dry = subprocess.run(
         [*plain, "--dryrun", "--keep", "--keep-dir", str(keep)], cwd=cwd, capture_output=True, text=True, env=env
     )
     phases = parse_dryrun(dry.stdout + dry.stderr) if dry.returncode == 0 else None
     if phases is None:
-        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env)
-    phases.module_id_file.write_text(module_id(source))
+        return CompiledCu(subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env), False, None)
+    own_id = module_id(source)
+    phases.module_id_file.write_text(own_id)
     with ThreadPoolExecutor(max_workers=2) as pool:
         branches = list(pool.map(lambda steps: _run_steps(steps, phases.env, cwd), (phases.host, phases.device)))
     failed = next((r for r in branches if r.returncode != 0), None)
-    result = failed or _run_steps(phases.final, phases.env, cwd)
+    final, prefixed = phases.final, False
+    flags = host_flags(phases, [str(cwd), *unit_paths])
+    host_prefix = next((prefix for prefix in host_prefixes if prefix.flags == flags), None)
+    if failed is None and host_prefix is not None:
+        started = host_prefix.start(phases.host_output.read_text(), phases.stub.read_text(), own_id)
+        if started is not None:
+            phases.host_output.write_text(started)
+            final, prefixed = [f"{step} -Winvalid-pch" for step in phases.final], True
+    result = failed or _run_steps(final, phases.env, cwd)
     if result.returncode != 0:
         # Let nvcc itself have the last word (and write the diagnostics users expect).
-        return subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env)
-    return result
+        return CompiledCu(subprocess.run(plain, cwd=cwd, capture_output=True, text=True, env=env), False, phases)
+    return CompiledCu(result, prefixed and f"{PREFIX_HEADER}.gch: not used" not in result.stderr, phases)
+
+
+def build_host_prefix(
+    nvcc_cmd: list[str], source: Path, target: Path, prelude: str, unit_paths: Sequence[str] = ()
+) -> HostPrefix | None:
+    """Compile the probe ``source``, whose first line includes ``prelude`` (a header that includes the others,
+    then declares its own), and precompile into ``target`` its host code up to ``prelude``'s own declarations:
+    what every unit opening with the same headers under the same flags begins with. None where the probe
+    does not compile in parallel phases or its prefix is not a whole sequence of declarations."""
+    compiled = compile_cu(nvcc_cmd, source, source.with_suffix(".o"), source.parent)
+    if compiled.result.returncode != 0 or compiled.phases is None:
+        return None
+    phases = compiled.phases
+    text = phases.host_output.read_text()
+    own = re.search(rf'^# \d+ "{re.escape(prelude)}"$', text, re.MULTILINE)
+    prefix = text[: own.start()] if own else ""
+    if not prefix or _open_braces(prefix) != 0:
+        return None
+    argv = shlex.split(phases.final[0])
+    if not {"-c", "-x", "-o", str(phases.host_output)} <= set(argv):
+        return None
+    header = target / PREFIX_HEADER
+    argv[argv.index("-x") + 1] = "c++-header"  # the final compile's own flags: GCC uses a header built with them
+    argv[argv.index("-o") + 1] = str(header.with_name(f"{PREFIX_HEADER}.gch"))
+    argv = [str(header) if a == str(phases.host_output) else a for a in argv if a != "-c"]
+    target.mkdir(parents=True, exist_ok=True)
+    header.write_text(prefix)
+    if subprocess.run(argv, cwd=source.parent, env=phases.env, capture_output=True, text=True).returncode != 0:
+        return None
+    (target / PREFIX_MODULE_ID).write_text(module_id(source))
+    (target / PREFIX_FLAGS).write_text(json.dumps(host_flags(phases, [str(source.parent), *unit_paths])))
+    return HostPrefix.find(target)
+
+
+def host_flags(phases: Phases, unit_paths: Sequence[str]) -> tuple[str, ...]:
+    """The final host compile's flags, less its input and output, with the unit's own directories (``unit_paths``)
+    named alike: what decides whether GCC takes a precompiled header."""
+    argv = shlex.split(phases.final[0])
+    if "-o" in argv:
+        del argv[argv.index("-o") : argv.index("-o") + 2]
+    flags = [a for a in argv if a not in ("-c", str(phases.host_output))]
+    for path in unit_paths:
+        flags = [a.replace(path, "<unit>") for a in flags]
+    return tuple(flags)
+
+
+def _open_braces(text: str) -> int:
+    depth = 0
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            for token in _BRACE.findall(line):
+                depth += 1 if token == "{" else -1 if token == "}" else 0
+    return depth
 
 
 def parse_dryrun(text: str) -> Phases | None:
@@ -93,8 +223,12 @@ def parse_dryrun(text: str) -> Phases | None:
     ids = _MODULE_ID_FILE.findall(cudafe), _MODULE_ID_FILE.findall(cicc)
     if _GEN_MODULE_ID not in cudafe or len(ids[0]) != 1 or ids[0] != ids[1]:
         return None
+    c_files, stubs = _GEN_C_FILE.findall(cudafe), _STUB_FILE.findall(cudafe)
+    if len(c_files) != 1 or len(stubs) != 1 or c_files[0] not in steps[6]:
+        return None
     steps[1] = cudafe.replace(_GEN_MODULE_ID, "", 1)
-    return Phases(env, steps[0:2], steps[2:6], steps[6:7], Path(ids[0][0]))
+    host_output = Path(c_files[0])
+    return Phases(env, steps[0:2], steps[2:6], steps[6:7], Path(ids[0][0]), host_output, host_output.parent / stubs[0])
 
 
 def module_id(source: Path) -> str:

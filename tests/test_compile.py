@@ -329,8 +329,8 @@ def test_nvcc_front_ends_in_parallel_match_plain_nvcc(tmp_path: Path) -> None:
     )
     phases = nvcc_phases.parse_dryrun(dry.stdout + dry.stderr)
     assert phases is not None and "--gen_module_id_file" not in " ".join(phases.host)
-    result = nvcc_phases.compile_cu(cmd, source, tmp_path / "par.o", tmp_path)
-    assert result.returncode == 0, result.stderr
+    compiled = nvcc_phases.compile_cu(cmd, source, tmp_path / "par.o", tmp_path)
+    assert compiled.result.returncode == 0 and compiled.phases is not None, compiled.result.stderr
     symbols = subprocess.run(["nm", "-C", str(tmp_path / "par.o")], capture_output=True, text=True).stdout
     assert "scale(float*, float)" in symbols
 
@@ -341,7 +341,7 @@ def test_nvcc_parallel_plan_reports_compile_errors_like_nvcc(tmp_path: Path) -> 
 
     source = tmp_path / "broken.cu"
     source.write_text("__global__ void k(float* x) { x[0] = undefined_name; }\n")
-    result = nvcc_phases.compile_cu(
+    result, _, _ = nvcc_phases.compile_cu(
         [kzc._nvcc(kzc._cuda_home(cpp_extension)), "-gencode=arch=compute_90,code=sm_90"], source, tmp_path / "b.o", tmp_path
     )
     assert result.returncode != 0 and "undefined_name" in result.stderr
@@ -357,9 +357,9 @@ def test_unknown_nvcc_plan_shape_falls_back() -> None:
 def test_a_precompiled_bindings_base_serves_every_extension_name_and_only_its_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (built,) = kzc.build_bindings_pch(tmp_path / "pch", compile_only=False, variants=[(False, ())])
+    (built,) = kzc.build_precompiled_headers(tmp_path / "pch", compile_only=False, bindings=[(False, ())], cuda_hosts=[])
     assert (built / f"{kzc.PCH_HEADER}.gch").is_file()
-    monkeypatch.setenv(kzc.BINDINGS_PCH_ENV, str(tmp_path / "pch"))
+    monkeypatch.setenv(kzc.PRECOMPILED_HEADERS_ENV, str(tmp_path / "pch"))
     source = 'torch::Tensor add_one(torch::Tensor x) { TORCH_CHECK(x.dim() == 1, "1-d only"); return x.add(1); }'
     for name in ("first_ext", "second_ext"):  # the extension's name is a macro the header never sees
         log = kzc.install_fast_load_inline(tmp_path / name)
@@ -377,3 +377,65 @@ def test_a_precompiled_bindings_base_serves_every_extension_name_and_only_its_fl
     builder = kzc.Builder(tmp_path / "ahead")
     builder.load(dataclasses.replace(ahead, no_implicit_headers=True))
     assert builder.log.entries[0].ok and "+pch" not in builder.log.entries[0].strategy
+
+
+def test_a_host_prefix_starts_only_host_code_that_begins_with_its_text(tmp_path: Path) -> None:
+    """The probe's and the unit's host code may differ in the name of the host's anonymous namespaces alone."""
+    from reward_svc.nvcc_phases import PREFIX_FLAGS, PREFIX_HEADER, PREFIX_MODULE_ID, HostPrefix
+
+    probe, own = "_c0ffee00_7_cuda_cu_11111111", "_abad1dea_7_cuda_cu_22222222"
+    (tmp_path / PREFIX_HEADER).write_text(f"namespace _GLOBAL__N_{probe} {{ int ignore; }}\nint a;\n")
+    (tmp_path / f"{PREFIX_HEADER}.gch").write_bytes(b"")
+    (tmp_path / PREFIX_MODULE_ID).write_text(probe + "\n")
+    (tmp_path / PREFIX_FLAGS).write_text('["gcc", "-x", "c++"]')
+    prefix = HostPrefix.find(tmp_path)
+    assert prefix is not None and prefix.flags == ("gcc", "-x", "c++") and HostPrefix.find(tmp_path / "absent") is None
+    unit = f"namespace _GLOBAL__N_{own} {{ int ignore; }}\nint a;\nnamespace _GLOBAL__N_{own} {{ int mine; }}\n"
+    device_names = f"__shadow_var(_ZN37_INTERNAL_{own}439_GLOBAL__N_{own}6ignoreE, ::_NV_ANON_NAMESPACE::ignore)"
+    started = prefix.start(unit, device_names, own)
+    assert started == f'#include "{prefix.header}"\nnamespace _GLOBAL__N_{probe} {{ int mine; }}\n'
+    assert prefix.start(unit.replace("int a;", "int b;"), "", own) is None  # another beginning
+    assert prefix.start(unit, f"(void)&_GLOBAL__N_{own}::mine;", own) is None  # the stub names the namespace
+    assert prefix.start(unit + f'const char* s = "_INTERNAL_{own}";\n', "", own) is None  # the id in another form
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_a_cuda_unit_starts_from_the_precompiled_host_prefix_and_compiles_to_the_same_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the probe's prefix precompiled, the final host compile of a unit that begins with it starts from it and
+    yields the same machine code and symbols (its anonymous namespace under the probe's id); a unit with flags
+    no prefix was built for compiles as before."""
+    root = tmp_path / "headers"
+    (built,) = kzc.build_precompiled_headers(root, compile_only=True, bindings=[], cuda_hosts=[()])
+    assert built.name.startswith("cuda-host-")
+    toolchain = kzc.detect_toolchain(tmp_path, compile_only=True, arch=None)
+    anonymous = KB_CUDA.replace("__global__ void", "namespace { __global__ void", 1).replace(
+        "\ntorch::Tensor", "}\ntorch::Tensor", 1
+    )
+    for name, request, expect_prefix in [
+        ("add", kb_request(), True),
+        ("anonymous", kb_request(cuda_sources=anonymous), None),  # whichever way, the same code
+        ("o2", kb_request(extra_cuda_cflags=["-O2"]), False),
+    ]:
+        code = {}
+        for mode in ("plain", "prefixed"):
+            if mode == "prefixed":
+                monkeypatch.setenv(kzc.PRECOMPILED_HEADERS_ENV, str(root))
+            else:
+                monkeypatch.delenv(kzc.PRECOMPILED_HEADERS_ENV, raising=False)
+            work = tmp_path / f"{name}-{mode}"
+            work.mkdir()
+            attempt = kzc.compile_unit(request, toolchain, "lean", work, cuda=True)
+            assert attempt.ok, attempt.stderr
+            assert attempt.pch is (mode == "prefixed" and expect_prefix) or expect_prefix is None, (name, mode)
+            ids = [p.read_text().strip() for p in [*work.glob("*/nvcc-keep/*.module_id"), built / "module_id"]]
+            listing = "".join(
+                subprocess.run([*tool, str(work / "cu.o")], capture_output=True, text=True, check=True).stdout
+                for tool in (["objdump", "-d", "--no-show-raw-insn"], ["nm"])
+            )
+            for module_id in ids:
+                listing = listing.replace(module_id, "<module id>")
+            code[mode] = listing.replace(str(work), "<work>")
+        assert code["plain"] == code["prefixed"], name

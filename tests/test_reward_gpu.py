@@ -43,7 +43,7 @@ def test_a_cold_cuda_build_starts_from_the_bindings_header_its_worker_built(eval
     shared = pool.extras
     assert isinstance(shared, SharedBuilds)
     deadline = time.monotonic() + 300
-    while not any(shared.bindings_pch.glob(f"*/{PCH_HEADER}.gch")):
+    while not any(shared.precompiled_headers.glob(f"*/{PCH_HEADER}.gch")):
         assert time.monotonic() < deadline, "no bindings header published in 300 s"
         time.sleep(1)
     for _ in range(pool.size):  # the warm children started before it was published

@@ -1,6 +1,6 @@
 """What the reward harness's children share, built by a child that runs only our code
-(reward_svc/shared_builds.py): the bindings' precompiled headers, published read-only, offered to the
-children started after, and used by their load_inline builds."""
+(reward_svc/shared_builds.py): the precompiled headers, published read-only, offered to the children
+started after, and used by their load_inline builds."""
 
 from __future__ import annotations
 
@@ -12,33 +12,36 @@ from cuda_cases import CUDA_RELU
 from reward_cases import RELU_REFERENCE
 from reward_svc import compile as kzc
 from reward_svc.evaluate import REPORTED_BUILDS, Evaluator, reported_builds
+from reward_svc.nvcc_phases import PREFIX_HEADER
 from reward_svc.shared_builds import SharedBuilds, torch_and_python
 from services.config import Settings
 from services.schemas.reward import ScoreOptions
 
 
 @pytest.mark.slow  # a child precompiles torch's headers (seconds of CPU each)
-def test_the_bindings_pch_is_built_in_a_child_published_and_used_by_later_builds(tmp_path: Path) -> None:
+def test_the_precompiled_headers_are_built_in_a_child_published_and_used_by_later_builds(tmp_path: Path) -> None:
     evaluator = Evaluator(Settings(data_dir=tmp_path, reward_warm_children=1, reward_parallel_children=2))
     try:
         pool = evaluator.pool("cpu")
         shared = pool.extras
-        assert isinstance(shared, SharedBuilds) and not shared.bindings_pch.exists()  # on a GPU, prime starts it
-        assert shared.bindings_pch.name == f"bindings-pch-{torch_and_python()}"
-        (shared.bindings_pch.parent / "bindings-pch-0ld70rch").mkdir(parents=True)  # an upgrade ago
-        assert shared.remove_other_torches_headers() == ["bindings-pch-0ld70rch"]
-        assert shared.build_bindings_pch(pool)
-        built = sorted(shared.bindings_pch.glob(f"*/{kzc.PCH_HEADER}.gch"))
-        assert len(built) == len(kzc.PCH_VARIANTS)
-        assert shared.env(tmp_path)[kzc.BINDINGS_PCH_ENV] == str(shared.bindings_pch)
-        assert shared.bindings_pch in shared.readonly_dirs()
+        assert isinstance(shared, SharedBuilds) and not shared.precompiled_headers.exists()  # on a GPU, prime starts it
+        assert shared.precompiled_headers.name == f"precompiled-headers-{torch_and_python()}"
+        (shared.precompiled_headers.parent / "precompiled-headers-0ld70rch").mkdir(parents=True)  # an upgrade ago
+        assert shared.remove_other_torches_headers() == ["precompiled-headers-0ld70rch"]
+        assert shared.build_precompiled_headers(pool)
+        built = sorted(shared.precompiled_headers.glob(f"bindings-*/{kzc.PCH_HEADER}.gch"))
+        assert len(built) == len(kzc.BINDINGS_PCH_VARIANTS)
+        hosts = sorted(shared.precompiled_headers.glob(f"cuda-host-*/{PREFIX_HEADER}.gch"))
+        assert len(hosts) == len(kzc.HOST_PREFIX_VARIANTS)
+        assert shared.env(tmp_path)[kzc.PRECOMPILED_HEADERS_ENV] == str(shared.precompiled_headers)
+        assert shared.precompiled_headers in shared.readonly_dirs()
 
         pool.take().discard()  # the warm child started before the headers were published: later ones see them
         options = ScoreOptions(backend="cuda", device="cpu", timeout_s=300)
         (verdict,) = evaluator.evaluate_group(RELU_REFERENCE, [CUDA_RELU], options).verdicts
         assert verdict.status == "unverified", verdict.reason  # compiled; running it needs a GPU
         (build,) = verdict.details["builds"]
-        assert build["ok"] and build["strategy"].startswith("cpp:lean+pch(") and " cu:lean(" in build["strategy"], build
+        assert build["ok"] and build["strategy"].startswith("cpp:lean+pch(") and " cu:lean+pch(" in build["strategy"], build
     finally:
         evaluator.close()
 

@@ -1,7 +1,8 @@
 """Entry point of a sandboxed evaluation child: ``python -m reward_svc.harness.child WORKDIR DEVICE``
 (``services.children.entry``). It warms up with torch, Triton and, on a GPU, CUDA and the vendor
 libraries; its job is a reference run, a candidate run, or one of the worker's own builds that its
-children share (``reward_svc/shared_builds.py``): ``prime`` (nothing but the warm-up) or ``bindings_pch``.
+children share (``reward_svc/shared_builds.py``): ``prime`` (nothing but the warm-up) or
+``precompiled_headers``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from reward_svc.compile import build_bindings_pch, warm_header_screen
+from reward_svc.compile import build_precompiled_headers, warm_header_screen
 from reward_svc.protocol import CandidateSpec, ReferenceSpec
 from services.children.entry import serve
 
@@ -78,8 +79,8 @@ def _warm_vendor_libraries() -> None:
 def handle(spec: dict[str, Any], workdir: Path, device: str) -> dict[str, Any]:
     if spec["role"] == "prime":  # warm-up only: its Triton cache becomes the pool's base layer
         return {"status": "ok"}
-    if spec["role"] == "bindings_pch":  # our headers only: what it builds becomes every build's bindings base
-        build_bindings_pch(workdir / "bindings-pch", compile_only=device != "cuda")
+    if spec["role"] == "precompiled_headers":  # our headers only: what every build starts from
+        build_precompiled_headers(workdir / "precompiled-headers", compile_only=device != "cuda")
         return {"status": "ok"}
     if spec["role"] == "reference":
         from reward_svc.harness.reference import run_reference

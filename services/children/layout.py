@@ -17,8 +17,8 @@ Layout under its root (the reward service's: ``<data_dir>/reward``; ``jobs/`` an
                     the source it evaluates, hard-linked in once known; no child sees another's
   cache/triton-base Triton's driver stubs and warm-up kernel, built once per worker by a child
                     that runs only our own code; read-only to children (reward_svc/harness/triton_cache.py)
-  cache/bindings-pch-<torch>  precompiled headers of what every load_inline bindings unit starts with, built
-                    the same way (reward_svc/shared_builds.py); read-only to children
+  cache/precompiled-headers-<torch>  precompiled headers of what every load_inline bindings unit and
+                    CUDA unit's host code start with, built the same way (reward_svc/shared_builds.py); read-only to children
   locks/            one lock file per GPU: shared by correctness work, exclusive while timing, and
                     its timings file (timings announce themselves there, and go in batches);
                     children never see them: each holds two read-only descriptors its pool opened
