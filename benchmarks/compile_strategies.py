@@ -7,14 +7,16 @@ rows say where the time goes; the end-to-end rows go through ``install_fast_load
 
 - header tiers (``original``/``light``/``minimal``: see reward_svc/compile.py);
 - torch's default arch flags (compute_90 PTX + sm_90) against our single ``sm_90`` target;
-- the bindings unit against its precompiled header (``compile.build_precompiled_headers``; torch's own
-  ``use_pch`` writes its .gch into site-packages, read-only in the sandbox);
-- the two units one after the other against in parallel, then a cache hit.
+- the bindings unit against its precompiled header, and the CUDA unit's final host compile against
+  its precompiled host prefix (``compile.build_precompiled_headers``; torch's own ``use_pch`` writes
+  its .gch into site-packages, read-only in the sandbox);
+- the two units one after the other against in parallel, ``--repeat`` misses with the precompiled
+  headers built (the p50 is the issue's cold ``load_inline`` figure), then a cache hit.
 
 With ``--gpu`` (on the GPU machine) it also times stock ``load_inline`` and our full path
 (compile + link + import + call, checked against torch), and a cache hit in a fresh process.
 
-Usage: .venv/bin/python benchmarks/compile_strategies.py [--gpu] [--skip-original]
+Usage: .venv/bin/python benchmarks/compile_strategies.py [--gpu] [--skip-original] [--repeat N]
 Writes benchmarks/results/compile_strategies_{cpu,gpu}.json. Each original-tier compile takes
 1-2 minutes on a 2-core machine: run it rarely.
 """
@@ -27,6 +29,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,25 +94,28 @@ def arch_row(toolchain: kzc.Toolchain, work: Path) -> Row:
 
 
 def pch_rows(toolchain: kzc.Toolchain, work: Path, *, compile_only: bool) -> list[Row]:
-    """The bindings' precompiled header (compile.build_precompiled_headers, what a GPU worker builds once), then
-    main.cpp at the lean tier against it."""
-    started = time.perf_counter()
-    built = kzc.build_precompiled_headers(work / "pch", compile_only=compile_only, bindings=[(True, ())], cuda_hosts=[])
-    built_s = time.perf_counter() - started
-    size_mb = sum(p.stat().st_size for p in (work / "pch").glob(f"*/{kzc.PCH_HEADER}.gch")) / 2**20
-    os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(work / "pch")
-    try:
-        attempt = kzc.compile_unit(request(), toolchain, "lean", work, cuda=False)
-    finally:
-        del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
-    return [
-        Row("main.cpp (c++ -c)", "PCH build (bindings base, once per machine)", built_s, bool(built), f"{size_mb:.0f} MiB .gch"),
-        Row("main.cpp (c++ -c)", "tier lean + PCH", attempt.seconds, attempt.ok and attempt.pch),
-    ]
+    """The precompiled headers (compile.build_precompiled_headers, what a GPU worker builds once): the bindings
+    base, then main.cpp at the lean tier against it; the CUDA host prefix, then cuda.cu at the lean tier from it."""
+    rows = []
+    for unit, cuda, bindings, hosts in [("main.cpp (c++ -c)", False, [(True, ())], []), ("cuda.cu (nvcc -c)", True, [], [()])]:
+        started = time.perf_counter()
+        built = kzc.build_precompiled_headers(work / "pch", compile_only=compile_only, bindings=bindings, cuda_hosts=hosts)
+        built_s = time.perf_counter() - started
+        size_mb = sum(p.stat().st_size for d in built for p in d.glob("*.gch")) / 2**20
+        os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(work / "pch")
+        try:
+            attempt = kzc.compile_unit(request(), toolchain, "lean", work, cuda=cuda)
+        finally:
+            del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
+        kind = "CUDA host prefix" if cuda else "bindings base"
+        rows.append(Row(unit, f"PCH build ({kind}, once per machine)", built_s, bool(built), f"{size_mb:.0f} MiB .gch"))
+        rows.append(Row(unit, "tier lean + PCH", attempt.seconds, attempt.ok and attempt.pch))
+    return rows
 
 
-def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = None) -> list[Row]:
-    """Through the drop-in: a miss with the two units serial, a miss in parallel, then a hit."""
+def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = None, repeat: int = 1) -> list[Row]:
+    """Through the drop-in: a miss with the two units serial, a miss in parallel, ``repeat`` misses where a worker
+    built the precompiled headers and their median, then a hit."""
     rows = []
     builder = kzc.Builder(cache / "serial", compile_only=compile_only)
     serial = dataclasses.replace(kzc.choose_plan(request(), builder.toolchain), parallel=False)
@@ -125,17 +131,22 @@ def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = N
     )
     if not compile_only:
         rows.append(call_row(module))
-    if pch_dir is not None:  # the same miss where a worker built the bindings' header (another cache: a miss again)
+    if pch_dir is not None:  # the same miss where a worker built the headers (another cache each: a miss again)
         os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(pch_dir)
+        seconds = []
         try:
-            with_pch = kzc.install_fast_load_inline(cache / "with-pch", compile_only=compile_only)
-            from torch.utils.cpp_extension import load_inline as load_with_pch
+            for run in range(repeat):
+                with_pch = kzc.install_fast_load_inline(cache / f"with-pch-{run}", compile_only=compile_only)
+                from torch.utils.cpp_extension import load_inline as load_with_pch
 
-            load_with_pch(**LOAD_KWARGS)
+                load_with_pch(**LOAD_KWARGS)
+                entry = with_pch.entries[-1]
+                seconds.append(entry.seconds)
+                variant = f"miss, default plan, precompiled headers built (run {run + 1})"
+                rows.append(Row("end to end", variant, entry.seconds, entry.ok, entry.strategy))
         finally:
             del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
-        entry = with_pch.entries[-1]
-        rows.append(Row("end to end", "miss, default plan, bindings PCH built", entry.seconds, entry.ok, entry.strategy))
+        rows.append(Row("end to end", f"miss with precompiled headers, p50 of {repeat}", statistics.median(seconds), True))
     load_inline(**LOAD_KWARGS)  # the drop-in installed first, its cache now warm
     rows.append(Row("end to end", "hit, same process", log.entries[-1].seconds, log.entries[-1].cache_hit))
     rows.append(fresh_process_hit_row(cache / "parallel", compile_only=compile_only))
@@ -230,6 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="also link, load and call, and time stock load_inline")
     parser.add_argument("--skip-original", action="store_true", help="skip the slow original-tier unit compiles")
+    parser.add_argument("--repeat", type=int, default=5, help="misses timed with the precompiled headers (p50)")
     args = parser.parse_args()
     info = machine()
     rows: list[Row] = []
@@ -242,7 +254,7 @@ def main() -> None:
         rows += pch_rows(toolchain, work, compile_only=not args.gpu)
         if args.gpu:
             rows.append(stock_row(work))
-        rows += end_to_end_rows(work / "cache", compile_only=not args.gpu, pch_dir=work / "pch")
+        rows += end_to_end_rows(work / "cache", compile_only=not args.gpu, pch_dir=work / "pch", repeat=args.repeat)
     show(rows)
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
