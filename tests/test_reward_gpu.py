@@ -36,15 +36,15 @@ def test_cuda_and_triton_kernels_are_verified_and_timed(evaluator: Evaluator) ->
         assert verdict.speedup is not None and verdict.runtime_ms and verdict.ref_runtime_ms
 
 
-def test_a_cold_cuda_build_starts_from_the_bindings_header_its_worker_built(evaluator: Evaluator) -> None:
-    """The GPU pool's worker builds the bindings' precompiled header in the background (shared_builds.py);
-    children started once it is published compile main.cpp against it."""
+def test_a_cold_cuda_build_starts_from_the_headers_its_worker_built(evaluator: Evaluator) -> None:
+    """The GPU pool's worker builds the precompiled headers in the background (shared_builds.py); children
+    started once they are published compile main.cpp and cuda.cu's host code from them."""
     pool = evaluator.pool("cuda")
     shared = pool.extras
     assert isinstance(shared, SharedBuilds)
     deadline = time.monotonic() + 300
     while not any(shared.precompiled_headers.glob(f"*/{PCH_HEADER}.gch")):
-        assert time.monotonic() < deadline, "no bindings header published in 300 s"
+        assert time.monotonic() < deadline, "no precompiled headers published in 300 s"
         time.sleep(1)
     for _ in range(pool.size):  # the warm children started before it was published
         pool.take().discard()
@@ -52,7 +52,7 @@ def test_a_cold_cuda_build_starts_from_the_bindings_header_its_worker_built(eval
     (verdict,) = evaluator.evaluate_group(RELU_REFERENCE, [cold], ScoreOptions(backend="cuda", device="cuda")).verdicts
     assert verdict.status == "correct", verdict.reason
     (build,) = verdict.details["builds"]
-    assert build["strategy"].startswith("cpp:lean+pch(") and " cu:lean(" in build["strategy"], build
+    assert build["strategy"].startswith("cpp:lean+pch(") and " cu:lean+pch(" in build["strategy"], build
 
 
 def test_work_left_on_a_side_stream_is_not_rewarded(evaluator: Evaluator) -> None:
