@@ -11,12 +11,15 @@ rows say where the time goes; the end-to-end rows go through ``install_fast_load
   its precompiled host prefix (``compile.build_precompiled_headers``; torch's own ``use_pch`` writes
   its .gch into site-packages, read-only in the sandbox);
 - the two units one after the other against in parallel, ``--repeat`` misses with the precompiled
-  headers built (the p50 is the issue's cold ``load_inline`` figure), then a cache hit.
+  headers built (the p50 is the issue's cold ``load_inline`` figure), then a cache hit;
+- with ``--kernelbench PATH`` (a KernelBench checkout), the CUDA unit of every ``load_inline`` call in
+  its prompts' examples and unit-test kernels at its first tier, without and with the host prefix:
+  which take it, and what it saves.
 
 With ``--gpu`` (on the GPU machine) it also times stock ``load_inline`` and our full path
 (compile + link + import + call, checked against torch), and a cache hit in a fresh process.
 
-Usage: .venv/bin/python benchmarks/compile_strategies.py [--gpu] [--skip-original] [--repeat N]
+Usage: .venv/bin/python benchmarks/compile_strategies.py [--gpu] [--skip-original] [--repeat N] [--kernelbench PATH]
 Writes benchmarks/results/compile_strategies_{cpu,gpu}.json. Each original-tier compile takes
 1-2 minutes on a 2-core machine: run it rarely.
 """
@@ -97,7 +100,8 @@ def pch_rows(toolchain: kzc.Toolchain, work: Path, *, compile_only: bool) -> lis
     """The precompiled headers (compile.build_precompiled_headers, what a GPU worker builds once): the bindings
     base, then main.cpp at the lean tier against it; the CUDA host prefix, then cuda.cu at the lean tier from it."""
     rows = []
-    for unit, cuda, bindings, hosts in [("main.cpp (c++ -c)", False, [(True, ())], []), ("cuda.cu (nvcc -c)", True, [], [()])]:
+    units = [("main.cpp (c++ -c)", False, [(True, ())], []), ("cuda.cu (nvcc -c)", True, [], kzc.HOST_PREFIX_VARIANTS)]
+    for unit, cuda, bindings, hosts in units:
         started = time.perf_counter()
         built = kzc.build_precompiled_headers(work / "pch", compile_only=compile_only, bindings=bindings, cuda_hosts=hosts)
         built_s = time.perf_counter() - started
@@ -107,7 +111,7 @@ def pch_rows(toolchain: kzc.Toolchain, work: Path, *, compile_only: bool) -> lis
             attempt = kzc.compile_unit(request(), toolchain, "lean", work, cuda=cuda)
         finally:
             del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
-        kind = "CUDA host prefix" if cuda else "bindings base"
+        kind = f"CUDA host prefix, {len(hosts)} sets of flags" if cuda else "bindings base"
         rows.append(Row(unit, f"PCH build ({kind}, once per machine)", built_s, bool(built), f"{size_mb:.0f} MiB .gch"))
         rows.append(Row(unit, "tier lean + PCH", attempt.seconds, attempt.ok and attempt.pch))
     return rows
@@ -133,7 +137,7 @@ def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = N
         rows.append(call_row(module))
     if pch_dir is not None:  # the same miss where a worker built the headers (another cache each: a miss again)
         os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(pch_dir)
-        seconds = []
+        seconds, oks = [], []
         try:
             for run in range(repeat):
                 with_pch = kzc.install_fast_load_inline(cache / f"with-pch-{run}", compile_only=compile_only)
@@ -142,14 +146,73 @@ def end_to_end_rows(cache: Path, *, compile_only: bool, pch_dir: Path | None = N
                 load_with_pch(**LOAD_KWARGS)
                 entry = with_pch.entries[-1]
                 seconds.append(entry.seconds)
+                oks.append(entry.ok)
                 variant = f"miss, default plan, precompiled headers built (run {run + 1})"
                 rows.append(Row("end to end", variant, entry.seconds, entry.ok, entry.strategy))
         finally:
             del os.environ[kzc.PRECOMPILED_HEADERS_ENV]
-        rows.append(Row("end to end", f"miss with precompiled headers, p50 of {repeat}", statistics.median(seconds), True))
+        rows.append(Row("end to end", f"miss with precompiled headers, p50 of {repeat}", statistics.median(seconds), all(oks)))
     load_inline(**LOAD_KWARGS)  # the drop-in installed first, its cache now warm
     rows.append(Row("end to end", "hit, same process", log.entries[-1].seconds, log.entries[-1].cache_hit))
     rows.append(fresh_process_hit_row(cache / "parallel", compile_only=compile_only))
+    return rows
+
+
+def kernelbench_rows(checkout: Path, toolchain: kzc.Toolchain, work: Path, pch_dir: Path) -> list[Row]:
+    """Each CUDA ``load_inline`` call of KernelBench's examples and test kernels (recorded by running the files with
+    ``load_inline`` stubbed out): its ``cuda.cu`` at its first tier, without then with the precompiled headers."""
+    import inspect
+    import runpy
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    original = cpp_extension.load_inline
+    signature = inspect.signature(original)
+    sources = sorted(checkout.glob("src/kernelbench/prompts/**/*.py")) + sorted(
+        checkout.glob("src/kernelbench/unit_tests/**/*.py")
+    )
+    for path in sources:
+        if "load_inline" not in path.read_text() or "hip" in path.name or "thunderkittens" in path.name:
+            continue
+
+        def record(*args: Any, _file: str = path.name, **kwargs: Any) -> None:
+            calls.append((_file, dict(signature.bind(*args, **kwargs).arguments)))
+
+        cpp_extension.load_inline = record
+        try:
+            runpy.run_path(str(path))
+        except Exception as error:  # a template with placeholders, or a file that needs a GPU past its load_inline
+            print(f"{path.name}: {type(error).__name__}")
+        finally:
+            cpp_extension.load_inline = original
+    rows = []
+    for index, (file, call) in enumerate(calls):
+        if not call.get("cuda_sources"):
+            continue
+        request = kzc.make_request(
+            call["name"],
+            call.get("cpp_sources", ""),
+            call.get("cuda_sources"),
+            call.get("functions"),
+            call.get("extra_cflags"),
+            call.get("extra_cuda_cflags"),
+            call.get("extra_ldflags"),
+            call.get("extra_include_paths"),
+        )
+        tier = kzc.choose_plan(request, toolchain).cuda_tiers[0]
+        for with_headers in (False, True):
+            unit_work = work / f"kernelbench-{index}-{with_headers}"
+            unit_work.mkdir()
+            if with_headers:
+                os.environ[kzc.PRECOMPILED_HEADERS_ENV] = str(pch_dir)
+            try:
+                attempt = kzc.compile_unit(request, toolchain, tier, unit_work, cuda=True)
+            finally:
+                os.environ.pop(kzc.PRECOMPILED_HEADERS_ENV, None)
+            variant = f"KernelBench {file}:{call['name']}, {'with the host prefix' if with_headers else 'without'}"
+            note = f"{attempt.describe()} flags={list(request.extra_cuda_cflags)}"
+            rows.append(Row("cuda.cu (nvcc -c)", variant, attempt.seconds, attempt.ok, note))
     return rows
 
 
@@ -241,7 +304,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="also link, load and call, and time stock load_inline")
     parser.add_argument("--skip-original", action="store_true", help="skip the slow original-tier unit compiles")
-    parser.add_argument("--repeat", type=int, default=5, help="misses timed with the precompiled headers (p50)")
+    parser.add_argument("--kernelbench", type=Path, help="a KernelBench checkout: its CUDA examples with and without the prefix")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        choices=range(1, 101),
+        metavar="N",
+        help="misses timed with the precompiled headers (p50)",
+    )
     args = parser.parse_args()
     info = machine()
     rows: list[Row] = []
@@ -255,6 +326,8 @@ def main() -> None:
         if args.gpu:
             rows.append(stock_row(work))
         rows += end_to_end_rows(work / "cache", compile_only=not args.gpu, pch_dir=work / "pch", repeat=args.repeat)
+        if args.kernelbench:
+            rows += kernelbench_rows(args.kernelbench, toolchain, work, work / "pch")
     show(rows)
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

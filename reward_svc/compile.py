@@ -82,7 +82,7 @@ from typing import Any
 from reward_svc.nvcc_phases import HostPrefix, build_host_prefix, compile_cu, toolchain_env
 
 # Bump when the generated sources, flags or cache layout change: old cache entries then miss.
-STRATEGY_VERSION = "1"
+STRATEGY_VERSION = "2"
 STDERR_TAIL_CHARS = 4000
 COMPILE_ONLY_MESSAGE = "compiled only: no GPU here"
 DEFAULT_COMPILE_ONLY_ARCH = "sm_90"
@@ -1029,8 +1029,8 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
 
 
 def write_unit(request: InlineRequest, toolchain: Toolchain, tier: str, unit_dir: Path, *, cuda: bool) -> tuple[list[str], Path]:
-    """Write the unit at ``tier`` (its source, prelude and lean headers) into ``unit_dir``; return its compiler
-    command, less ``-c``, the source and the output, and the source's path."""
+    """Write the unit at ``tier`` into ``unit_dir`` (its source, its prelude and, at ``lean``, its operators'
+    headers); return the command that compiles it, less ``-c``, the source and the output, and the source."""
     text, header = unit_source(request, toolchain, tier, cuda=cuda)
     unit_dir.mkdir(exist_ok=True)
     source = unit_dir / ("cuda.cu" if cuda else "main.cpp")
@@ -1086,7 +1086,12 @@ def prebuilt_pch(request: InlineRequest, toolchain: Toolchain) -> Path | None:
 def prebuilt_host_prefixes() -> list[HostPrefix]:
     """The precompiled CUDA host prefixes under ``$KZ_PRECOMPILED_HEADERS`` (one per set of host flags built)."""
     root = os.environ.get(PRECOMPILED_HEADERS_ENV)
-    found = [HostPrefix.find(d) for d in sorted(Path(root).glob("cuda-host-*"))] if root else []
+    found = []
+    for directory in sorted(Path(root).glob("cuda-host-*")) if root else []:
+        try:
+            found.append(HostPrefix.find(directory))
+        except (OSError, ValueError):  # removed while read (another torch's: an upgrade), or not ours
+            continue
     return [prefix for prefix in found if prefix is not None]
 
 
@@ -1099,8 +1104,8 @@ def build_precompiled_headers(
 ) -> list[Path]:
     """Precompile the bindings base for each (``with_cuda``, host flags) variant into ``root/bindings-<pch_key>/``
     and, where nvcc is, the CUDA host prefix for each set of nvcc flags into ``root/cuda-host-<host_prefix_key>/``,
-    one after another (beside the first jobs: a core, not two); the directories built (a variant that fails to
-    build is left out: its units compile without)."""
+    one after another (beside the first jobs); the directories built (a variant that fails to build is left out:
+    its units compile without)."""
     toolchain = detect_toolchain(root, compile_only=compile_only, arch=None)
 
     def build_bindings(variant: tuple[bool, tuple[str, ...]]) -> Path | None:
@@ -1118,11 +1123,14 @@ def build_precompiled_headers(
         # a probe with the prelude's base headers and no operator: what every CUDA unit's host code begins with
         request = make_request("kz_probe", "", "#include <torch/extension.h>\n", extra_cuda_cflags=list(flags))
         target = root / f"cuda-host-{host_prefix_key(request, toolchain)}"
-        with tempfile.TemporaryDirectory(dir=root) as probe:
-            cmd, source = write_unit(request, toolchain, "lean", Path(probe), cuda=True)
-            stubs = [toolchain.stub_include] if toolchain.stub_include else []
-            if build_host_prefix(cmd, source, target, CUDA_PRELUDE, stubs) is not None:
-                return target
+        try:
+            with tempfile.TemporaryDirectory(dir=root) as probe:
+                cmd, source = write_unit(request, toolchain, "lean", Path(probe), cuda=True)
+                stubs = [toolchain.stub_include] if toolchain.stub_include else []
+                if build_host_prefix(cmd, source, target, CUDA_PRELUDE, stubs) is not None:
+                    return target
+        except (OSError, ValueError, subprocess.SubprocessError):  # the other headers are built all the same
+            pass
         shutil.rmtree(target, ignore_errors=True)
         return None
 

@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import subprocess
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,14 +45,10 @@ from typing import NamedTuple
 _EXPECTED_TOOLS = ("preprocess", "cudafe++", "preprocess", "cicc", "ptxas", "fatbinary", "compile")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _GEN_MODULE_ID = "--gen_module_id_file"
-_MODULE_ID_FILE = re.compile(r'--module_id_file_name\s+"?([^"\s]+)"?')
-_GEN_C_FILE = re.compile(r'--gen_c_file_name\s+"?([^"\s]+)"?')
-_STUB_FILE = re.compile(r'--stub_file_name\s+"?([^"\s]+)"?')
 PREFIX_HEADER = "kz_host_prefix.h"
 PREFIX_MODULE_ID = "module_id"
 PREFIX_FLAGS = "host_flags.json"
-# Braces outside string and character literals (cudafe++ writes no comments): a prefix must close all it opens.
-_BRACE = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[{}]')
+_DIAGNOSTIC_PRAGMA = re.compile(r"^#pragma GCC diagnostic .*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -90,15 +87,21 @@ class HostPrefix:
 
     def start(self, host_text: str, stub_text: str, own_module_id: str) -> str | None:
         """``host_text`` (a unit's cudafe++ output, compiled with ``own_module_id``) made to include this prefix
-        in place of the text it begins with; None where it does not begin with it."""
+        in place of the text it begins with; None where it does not begin with it.
+
+        None too where the unit names the probe's id itself (its code would join the renamed namespaces: a
+        ``using namespace`` of cudafe++'s makes their names visible) or its stub names a host namespace by
+        the unit's id (cudafe++'s stubs name them through ``_NV_ANON_NAMESPACE``: a guard, never seen)."""
         own = re.compile(rf"(?<!\w)_GLOBAL__N_{re.escape(own_module_id)}(?!\w)")
-        if own.search(stub_text):  # the stub names a host namespace by its own id: leave the unit as it is
+        if self.module_id in host_text or self.module_id in stub_text or own.search(stub_text):
             return None
         renamed = own.sub(f"_GLOBAL__N_{self.module_id}", host_text)
         prefix = self.header.read_text()
         if own_module_id in renamed or not renamed.startswith(prefix):
             return None
-        return f'#include "{self.header}"\n' + renamed[len(prefix) :]
+        # GCC 12 loads a precompiled header without its diagnostic pragmas' state: what the text would have set
+        pragmas = "".join(f"{line}\n" for line in _DIAGNOSTIC_PRAGMA.findall(prefix))
+        return f'#include "{self.header}"\n{pragmas}' + renamed[len(prefix) :]
 
 
 def toolchain_env() -> dict[str, str]:
@@ -113,11 +116,11 @@ def compile_cu(
     output: Path,
     cwd: Path,
     host_prefixes: Sequence[HostPrefix] = (),
-    unit_paths: Sequence[str] = (),
+    same_text: Sequence[str] = (),
 ) -> CompiledCu:
     """Compile ``source`` to ``output`` like ``nvcc_cmd -c source -o output``, front ends in parallel, the
-    final host compile from the one of ``host_prefixes`` built with its flags (``cwd`` and ``unit_paths``, this
-    unit's own directories, aside) where the unit's host code begins with it."""
+    final host compile from the one of ``host_prefixes`` built with its flags (``host_flags``) where the unit's
+    host code begins with it."""
     keep = cwd / "nvcc-keep"
     keep.mkdir(exist_ok=True)
     # by its name where it can be: its path would be in the host code's first line, unlike any other unit's
@@ -136,10 +139,13 @@ def compile_cu(
         branches = list(pool.map(lambda steps: _run_steps(steps, phases.env, cwd), (phases.host, phases.device)))
     failed = next((r for r in branches if r.returncode != 0), None)
     final, prefixed = phases.final, False
-    flags = host_flags(phases, [str(cwd), *unit_paths])
+    flags = host_flags(phases, cwd, same_text)
     host_prefix = next((prefix for prefix in host_prefixes if prefix.flags == flags), None)
     if failed is None and host_prefix is not None:
-        started = host_prefix.start(phases.host_output.read_text(), phases.stub.read_text(), own_id)
+        try:
+            started = host_prefix.start(phases.host_output.read_text(), phases.stub.read_text(), own_id)
+        except (OSError, ValueError):  # a prefix removed under it (another torch's, an upgrade): compile as it is
+            started = None
         if started is not None:
             phases.host_output.write_text(started)
             final, prefixed = [f"{step} -Winvalid-pch" for step in phases.final], True
@@ -151,12 +157,14 @@ def compile_cu(
 
 
 def build_host_prefix(
-    nvcc_cmd: list[str], source: Path, target: Path, prelude: str, unit_paths: Sequence[str] = ()
+    nvcc_cmd: list[str], source: Path, target: Path, prelude: str, same_text: Sequence[str] = ()
 ) -> HostPrefix | None:
     """Compile the probe ``source``, whose first line includes ``prelude`` (a header that includes the others,
     then declares its own), and precompile into ``target`` its host code up to ``prelude``'s own declarations:
     what every unit opening with the same headers under the same flags begins with. None where the probe
-    does not compile in parallel phases or its prefix is not a whole sequence of declarations."""
+    does not compile in parallel phases or GCC cannot precompile its prefix (a prefix that ends inside a
+    declaration does not compile as a header). The probe's module id is salted: no unit can know it."""
+    source.write_text(f"{source.read_text()}// kz: probe {uuid.uuid4().hex}\n")
     compiled = compile_cu(nvcc_cmd, source, source.with_suffix(".o"), source.parent)
     if compiled.result.returncode != 0 or compiled.phases is None:
         return None
@@ -164,7 +172,7 @@ def build_host_prefix(
     text = phases.host_output.read_text()
     own = re.search(rf'^# \d+ "{re.escape(prelude)}"$', text, re.MULTILINE)
     prefix = text[: own.start()] if own else ""
-    if not prefix or _open_braces(prefix) != 0:
+    if not prefix:
         return None
     argv = shlex.split(phases.final[0])
     if not {"-c", "-x", "-o", str(phases.host_output)} <= set(argv):
@@ -178,29 +186,22 @@ def build_host_prefix(
     if subprocess.run(argv, cwd=source.parent, env=phases.env, capture_output=True, text=True).returncode != 0:
         return None
     (target / PREFIX_MODULE_ID).write_text(module_id(source))
-    (target / PREFIX_FLAGS).write_text(json.dumps(host_flags(phases, [str(source.parent), *unit_paths])))
+    (target / PREFIX_FLAGS).write_text(json.dumps(host_flags(phases, source.parent, same_text)))
     return HostPrefix.find(target)
 
 
-def host_flags(phases: Phases, unit_paths: Sequence[str]) -> tuple[str, ...]:
-    """The final host compile's flags, less its input and output, with the unit's own directories (``unit_paths``)
-    named alike: what decides whether GCC takes a precompiled header."""
+def host_flags(phases: Phases, unit_dir: Path, same_text: Sequence[str]) -> tuple[str, ...]:
+    """The final host compile's flags, less its input and output: what decides whether GCC takes a precompiled
+    header. Less too the include directories inside ``unit_dir`` (the unit's own copies of torch's operator
+    headers, which host code never includes again), and with the directories of ``same_text`` (a compile-only
+    machine's stub headers, the same text in every process's own cache) named alike."""
     argv = shlex.split(phases.final[0])
     if "-o" in argv:
         del argv[argv.index("-o") : argv.index("-o") + 2]
-    flags = [a for a in argv if a not in ("-c", str(phases.host_output))]
-    for path in unit_paths:
-        flags = [a.replace(path, "<unit>") for a in flags]
+    flags = [a for a in argv if a not in ("-c", str(phases.host_output)) and not a.startswith(f"-I{unit_dir}")]
+    for path in same_text:
+        flags = [a.replace(path, "<same text>") for a in flags]
     return tuple(flags)
-
-
-def _open_braces(text: str) -> int:
-    depth = 0
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            for token in _BRACE.findall(line):
-                depth += 1 if token == "{" else -1 if token == "}" else 0
-    return depth
 
 
 def parse_dryrun(text: str) -> Phases | None:
@@ -220,15 +221,21 @@ def parse_dryrun(text: str) -> Phases | None:
     if tuple(_tool(step) for step in steps) != _EXPECTED_TOOLS:
         return None
     cudafe, cicc = steps[1], steps[3]
-    ids = _MODULE_ID_FILE.findall(cudafe), _MODULE_ID_FILE.findall(cicc)
+    ids = _option(cudafe, "--module_id_file_name"), _option(cicc, "--module_id_file_name")
     if _GEN_MODULE_ID not in cudafe or len(ids[0]) != 1 or ids[0] != ids[1]:
         return None
-    c_files, stubs = _GEN_C_FILE.findall(cudafe), _STUB_FILE.findall(cudafe)
-    if len(c_files) != 1 or len(stubs) != 1 or c_files[0] not in steps[6]:
+    c_files, stubs = _option(cudafe, "--gen_c_file_name"), _option(cudafe, "--stub_file_name")
+    if len(c_files) != 1 or len(stubs) != 1 or c_files[0] not in shlex.split(steps[6]):
         return None
     steps[1] = cudafe.replace(_GEN_MODULE_ID, "", 1)
     host_output = Path(c_files[0])
     return Phases(env, steps[0:2], steps[2:6], steps[6:7], Path(ids[0][0]), host_output, host_output.parent / stubs[0])
+
+
+def _option(step: str, name: str) -> list[str]:
+    """The values that follow ``name`` in a step's arguments."""
+    argv = shlex.split(step)
+    return [value for option, value in zip(argv, argv[1:], strict=False) if option == name]
 
 
 def module_id(source: Path) -> str:
