@@ -12,6 +12,8 @@
 #   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
+#   compile[:N]    benchmarks/compile_strategies.py --gpu: the cold load_inline by header tier, with the precompiled headers
+#                  (N misses, default 5: the p50), and KernelBench's CUDA examples (in $KB/src) with and without them
 #   reward[:STEPS] benchmarks/reward_gpu.py (timing accuracy, repeatability, compile and end-to-end); STEPS: a
 #                  comma-separated few of its steps (timing_accuracy,repeatability,cuda_compile,...)
 #   trainer_step   benchmarks/trainer_step.py: our policy step against TRL's GRPOTrainer, a 0.5B Qwen2, one batch,
@@ -71,6 +73,10 @@ for step in "$@"; do
                 --candidates "$CANDIDATES" --limit "${LIMIT:-24}" --only ours --concurrency "$CONCURRENCY" --group "$arg" \
                 --out "$RESULTS/throughput_g$arg"
             [ -n "${PROFILE:-}" ] && "$PYTHON" benchmarks/profile_summary.py "${TMPDIR:-/tmp}/stacks_g$arg.txt" > "$RESULTS/profile_g$arg.txt" ;;
+        compile)
+            [ "$arg" = compile ] && arg=5
+            python3 benchmarks/compile_strategies.py --gpu --skip-original --repeat "$arg" --kernelbench "$KB"
+            cp benchmarks/results/compile_strategies_gpu.json "$RESULTS/" ;;
         trial_profile)
             [ "$arg" = trial_profile ] && arg=14_,16_
             only=()
