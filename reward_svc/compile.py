@@ -231,6 +231,12 @@ class Toolchain:
     extra_defines: tuple[str, ...]
     stub_include: str | None
 
+    @property
+    def same_text_dirs(self) -> tuple[str, ...]:
+        """Directories whose headers are the same text wherever they are (a compile-only machine's stubs, in each
+        process's own cache): named alike when flags are compared or keyed."""
+        return (self.stub_include,) if self.stub_include else ()
+
 
 # ----------------------------------------------------------------------------- public entry
 
@@ -1013,8 +1019,7 @@ def compile_unit(request: InlineRequest, toolchain: Toolchain, tier: str, work: 
     cmd, source = write_unit(request, toolchain, tier, unit_dir, cuda=cuda)
     started = time.perf_counter()
     if cuda:
-        stubs = [toolchain.stub_include] if toolchain.stub_include else []
-        compiled = compile_cu(cmd, source, work / f"{unit}.o", unit_dir, prebuilt_host_prefixes(), stubs)
+        compiled = compile_cu(cmd, source, work / f"{unit}.o", unit_dir, prebuilt_host_prefixes(), toolchain.same_text_dirs)
         result, pch_used = _checked(compiled.result, cmd), compiled.prefixed
     else:
         pch = (
@@ -1071,7 +1076,8 @@ def host_prefix_key(request: InlineRequest, toolchain: Toolchain) -> str:
 def _header_key(flags: Sequence[str], text: str, toolchain: Toolchain) -> str:
     """A compile-only machine's stub headers live in each process's own cache (``portable``); no precompiled
     header reads them."""
-    flags = [f.replace(toolchain.stub_include, STUBS) if toolchain.stub_include else f for f in flags]
+    for directory in toolchain.same_text_dirs:
+        flags = [f.replace(directory, STUBS) for f in flags]
     blob = json.dumps([STRATEGY_VERSION, portable(toolchain), flags, text], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -1126,8 +1132,7 @@ def build_precompiled_headers(
         try:
             with tempfile.TemporaryDirectory(dir=root) as probe:
                 cmd, source = write_unit(request, toolchain, "lean", Path(probe), cuda=True)
-                stubs = [toolchain.stub_include] if toolchain.stub_include else []
-                if build_host_prefix(cmd, source, target, CUDA_PRELUDE, stubs) is not None:
+                if build_host_prefix(cmd, source, target, CUDA_PRELUDE, toolchain.same_text_dirs) is not None:
                     return target
         except (OSError, ValueError, subprocess.SubprocessError):  # the other headers are built all the same
             pass
