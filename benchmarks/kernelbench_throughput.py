@@ -288,6 +288,8 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
                 "seconds": v.details.get("seconds"),
                 "phases": v.details.get("phases"),
                 "device_memory": v.details.get("device_memory"),
+                "outputs_on_device": v.details.get("outputs_on_device"),
+                "device_exchange_fallback": v.details.get("device_exchange_fallback"),
                 "timing": _timing_stats(v.details.get("timing")),
                 "ref_timing": _timing_stats(v.details.get("ref_timing")),
             }
@@ -370,6 +372,9 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
             for side, sides in (("candidate", rows), ("candidate_trials", rows), ("reference", list(groups.values())))
         },
         "correct": sum(bool(r.get("correct")) for r in rows),
+        # with the device exchange on: outputs judged without a file, and the candidates whose child fell back to files
+        "outputs_on_device": sum(r.get("outputs_on_device") or 0 for r in rows),
+        "device_exchange_fallbacks": sorted({r["device_exchange_fallback"] for r in rows if r.get("device_exchange_fallback")}),
         "longest_timings": longest_timings(rows),
         "rows": rows,
     }

@@ -200,7 +200,8 @@ class Evaluator:
         output_bytes = ref_result.get("output_bytes", 0)
         group_bytes = ref_result["cases"] * output_bytes
         device_memory = self.device_memory(device)
-        if not self.settings.reward_device_exchange or device_memory is None or output_bytes <= HOST_JUDGE_MAX_BYTES:
+        on_device = output_bytes >= self.settings.reward_device_exchange_min_bytes or output_bytes > HOST_JUDGE_MAX_BYTES
+        if not self.settings.reward_device_exchange or device_memory is None or not on_device:
             return None
         if group_bytes > device_memory.capacity // GROUP_EXPECTED_SHARE:
             return None
@@ -354,7 +355,7 @@ class Evaluator:
         tolerance: Any,
         group_expected: GroupExpected | None = None,
     ) -> Verdict:
-        from reward_svc.verify import HOST_JUDGE_MAX_BYTES, FileComparer, OutputStream, TrialFiles, case_allowances, judge
+        from reward_svc.verify import FileComparer, OutputStream, TrialFiles, case_allowances, judge
 
         try:
             cached = self.builds.lookup(source)
@@ -380,8 +381,8 @@ class Evaluator:
                 "knockout_case": knockout_case,
                 "copies_are_work": copies_are_work,
             }
-            if self.settings.reward_device_exchange:  # below this size the host judges (HOST_JUDGE_MAX_BYTES): files
-                spec["device_exchange_min_bytes"] = HOST_JUDGE_MAX_BYTES
+            if self.settings.reward_device_exchange:
+                spec["device_exchange_min_bytes"] = self.settings.reward_device_exchange_min_bytes
             lock = functools.partial(gpu_lock, self.layout.gpu_lock(device))
             compare_files = FileComparer(tolerance, device, lock, key=fingerprint_key, group_expected=group_expected)
             files = TrialFiles(child.workdir, ref_dir, ref_result["cases"], case_allowances(ref_result), knockout_case)
@@ -404,6 +405,8 @@ class Evaluator:
                 ref_result, result, files, compare_files, audit=[line for line in child.audit.splitlines() if line.strip()]
             )
             verdict.details["outputs_on_device"] = compare_files.sent  # judged without a file (device_exchange)
+            if result.get("device_exchange_fallback"):  # the child's word: diagnostics, cut short
+                verdict.details["device_exchange_fallback"] = str(result["device_exchange_fallback"])[:200]
             del compare_files  # its expected outputs, before the device memory goes back
             if ref_result["cases"] < options.trials:
                 verdict.details["trials_cut"] = (

@@ -126,3 +126,4 @@ class CandidateResult(TypedDict, total=False):
     output_fingerprints: dict[str, list[int]]
     timing: Timing
     device_peak_bytes: int  # reported beside the worker's estimate (reward_svc/admission.py); never trusted
+    device_exchange_fallback: str  # why outputs went as files with the device exchange on: diagnostics only

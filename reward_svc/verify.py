@@ -183,17 +183,24 @@ class GroupExpected:
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self._loading = threading.Lock()
+        self._guard = threading.Lock()
+        self._loading: dict[Path, threading.Lock] = {}  # one per output: a judge waits only for the copy it needs
         self._loaded: dict[Path, Any] = {}
 
     def get(self, path: Path) -> Any:
-        with self._loading:
-            if path not in self._loaded:
-                self._loaded[path] = tensors.load(path, self.device)
-            return self._loaded[path]
+        with self._guard:
+            loading = self._loading.setdefault(path, threading.Lock())
+        with loading:
+            with self._guard:
+                if path in self._loaded:
+                    return self._loaded[path]
+            loaded = tensors.load(path, self.device)
+            with self._guard:
+                self._loaded[path] = loaded
+            return loaded
 
     def close(self) -> None:
-        with self._loading:
+        with self._guard:
             self._loaded.clear()
 
 
@@ -301,10 +308,15 @@ class FileComparer:
             except torch.OutOfMemoryError:
                 continue
             except device_exchange.DeviceExchangeError as exc:
-                if device_exchange.OUT_OF_MEMORY in str(exc):
+                if exc.error == device_exchange.OUT_OF_MEMORY:
                     return None, _out_of_memory(self.device, name)
-                unreadable = f"the device memory sent for {name} cannot be read: {exc}"[:500]
-                return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
+                if exc.senders_fault:
+                    unreadable = f"the device memory sent for {name} cannot be read: {exc}"[:500]
+                    return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
+                return None, _not_read(name, exc)
+            except Exception as exc:  # memory the driver mapped and torch cannot use: this output's verdict, not the group's
+                return None, _not_read(name, exc)
+        received.close()  # the sender's memory, no longer needed once cloned
         if out is None:
             return None, _out_of_memory(self.device, name)
         judged_on = "cpu" if out[0].device.type == "cpu" else self.device
@@ -394,6 +406,14 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
+
+
+def _not_read(name: str, exc: Exception) -> EarlyVerdict:
+    """An output sent on the device that the judge failed to clone for a reason that is not plainly the
+    sender's (``DeviceExchangeError.senders_fault``): not judged, so it cannot count for the candidate."""
+    return EarlyVerdict(
+        Verdict("runtime_error", f"not judged: the judge could not read the device memory sent for {name}: {exc}"[:500])
+    )
 
 
 def _out_of_memory(device: str, name: str) -> EarlyVerdict:

@@ -171,9 +171,17 @@ class Settings(BaseSettings):
     )
     reward_device_exchange: bool = Field(
         default=False,
-        description="On a GPU, a candidate's outputs of 64 MiB or more go from its child to the judge as descriptors of "
-        "device memory (services/children/device_exchange.py) instead of files through the host; off, every output is a file. "
-        "Off by default until its throughput run on the GPU is clean (benchmarks/results/reward_throughput_h200/NOTES.md).",
+        description="On a GPU, a candidate's outputs of reward_device_exchange_min_bytes or more go from its child to the "
+        "judge as descriptors of device memory (services/children/device_exchange.py) instead of files through the host; "
+        "off, every output is a file. Off by default until its throughput run on the GPU is clean "
+        "(benchmarks/results/reward_throughput_h200/NOTES.md).",
+    )
+    reward_device_exchange_min_bytes: int = Field(
+        default=64 << 20,
+        ge=0,
+        description="With reward_device_exchange, the smallest output sent as device memory, and judged on the device; "
+        "smaller outputs are files, judged on the host up to 64 MiB. 0 sends every output (the GPU tests run the hack "
+        "cases through the exchange so).",
     )
     reward_cache_max_bytes: int = Field(
         default=20 << 30,

@@ -213,18 +213,32 @@ def test_a_shortage_of_device_memory_is_not_blamed_on_the_candidate(tmp_path: Pa
     The driver is stood in for here (no GPU on this machine); tests/test_device_exchange_gpu.py maps for real."""
     compare_files, files, _ours, _theirs = _stream(tmp_path)
     described = {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}]}
-    answers = iter(["cuMemMap: CUDA_ERROR_OUT_OF_MEMORY", "cuMemImportFromShareableHandle: CUDA_ERROR_INVALID_VALUE"])
+    answers: dict[str, Exception] = {
+        "output_0": device_exchange.DeviceExchangeError("cuMemMap: out of memory", "CUDA_ERROR_OUT_OF_MEMORY"),
+        "output_refresh": device_exchange.DeviceExchangeError("cuMemImportFromShareableHandle", "CUDA_ERROR_INVALID_VALUE"),
+        "output_recall": device_exchange.DeviceExchangeError("cuMemMap", "CUDA_ERROR_INVALID_CONTEXT"),
+        "output_knockout": TypeError("the memory is not where torch can use it"),
+    }
+    asked: list[int] = []
 
-    def driver_says(*_args: object, **_kwargs: object) -> torch.Tensor:
-        raise device_exchange.DeviceExchangeError(next(answers))
+    def driver_says(fd: int, *_args: object, **_kwargs: object) -> torch.Tensor:
+        asked.append(fd)
+        raise answers[name]
 
     monkeypatch.setattr(device_exchange, "import_clone", driver_says)
-    for name in ("output_0", "output_refresh"):
+    for name in answers:
         read_end, write_end = os.pipe()
         os.close(write_end)
         received = device_exchange.Received({**described, "name": name}, [read_end], truncated=False, empty=False)
         compare_files.consume_sent(name, received, files.expected(name), None)
-    short, lied = (compare_files._judged[name][1] for name in ("output_0", "output_refresh"))
+        assert not received.fds
+    short, lied, broken, unusable = (compare_files._judged[name][1] for name in answers)
     assert isinstance(short, verify.EarlyVerdict) and short.verdict.details.get("out_of_memory")
     assert short.verdict.status == "runtime_error"
     assert isinstance(lied, verify.EarlyVerdict) and lied.verdict.guard == "output_tampering"
+    # the judge's own failure, or memory torch cannot use: that output is not judged, and the group's other
+    # verdicts stand (this raised through the group before)
+    for failed in (broken, unusable):
+        assert isinstance(failed, verify.EarlyVerdict) and failed.verdict.status == "runtime_error"
+        assert failed.verdict.guard is None and not failed.verdict.details.get("out_of_memory")
+    assert len(asked) == len(answers)

@@ -226,6 +226,7 @@ def test_outputs_sent_on_the_device_get_the_verdicts_files_get(kz_env: Callable[
         evaluator.close()
     assert honest.status == "correct", honest.reason
     assert honest.details["outputs_on_device"] == 6  # two trials, the knockout, its refresh and recall, the timed check
+    assert "device_exchange_fallback" not in honest.details
     failures = hacks_not_caught(hacks)
     assert not failures, "\n".join(failures)
 

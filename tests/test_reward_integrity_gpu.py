@@ -62,9 +62,18 @@ def _miss(want: str, verdict: Verdict) -> bool:
     return verdict.correct != (want == "correct")
 
 
-def test_the_integrity_cases_get_the_same_verdicts_on_the_gpu(kz_env: Callable[..., Settings]) -> None:
-    """Every group at once, eight children, as a GPU worker's threads run its jobs."""
-    evaluator = Evaluator(kz_env(reward_warm_children=4, reward_parallel_children=8))
+@pytest.mark.parametrize("device_exchange", [False, True], ids=["files", "every output on the device exchange"])
+def test_the_integrity_cases_get_the_same_verdicts_on_the_gpu(kz_env: Callable[..., Settings], device_exchange: bool) -> None:
+    """Every group at once, eight children, as a GPU worker's threads run its jobs; and again with every output
+    sent to the judge as device memory (services/children/device_exchange.py), whatever its size."""
+    evaluator = Evaluator(
+        kz_env(
+            reward_warm_children=4,
+            reward_parallel_children=8,
+            reward_device_exchange=device_exchange,
+            reward_device_exchange_min_bytes=0,
+        )
+    )
     groups = _cases()
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -81,3 +90,7 @@ def test_the_integrity_cases_get_the_same_verdicts_on_the_gpu(kz_env: Callable[.
     ]
     print(f"{sum(len(g[2]) for g in groups)} candidates in {len(groups)} groups; {len(wrong)} wrong")
     assert not wrong, "\n".join(wrong)
+    if device_exchange:  # the honest kernels' outputs all came as device memory
+        honest = [v for verdicts in judged for v in verdicts if v.correct]
+        assert honest and all(v.details.get("outputs_on_device") for v in honest)
+        assert not [v.details["device_exchange_fallback"] for v in honest if "device_exchange_fallback" in v.details]

@@ -20,6 +20,7 @@ snapshot taken and the audit hook armed before the candidate is imported.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import math
@@ -41,7 +42,7 @@ from reward_svc.harness.reference import timing_rotation
 from reward_svc.policy import check_native_sources
 from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
 from services.children import device_exchange, tensors
-from services.children.device import device_released
+from services.children.device import device_released, gpu_lock
 from services.children.device_exchange import Sender
 from services.children.loading import import_file
 from services.children.models import build_model
@@ -166,10 +167,17 @@ class TrialOutputs:
     POLL_S = 0.005
 
     def __init__(
-        self, workdir: Path, key: int, in_flight: int | None = None, wait_s: float = 60.0, sender: Sender | None = None
+        self,
+        workdir: Path,
+        key: int,
+        in_flight: int | None = None,
+        sender: Sender | None = None,
+        exchange_fallback: str | None = None,
+        wait_s: float = 60.0,
     ) -> None:
         self.workdir, self.key = workdir, key
         self.in_flight, self.wait_s, self.sender = in_flight, wait_s, sender
+        self.exchange_fallback = exchange_fallback  # why outputs the device exchange would take go as files
         self.fingerprints: dict[str, list[int]] = {}
         self._at_return: list[int] | None = None
 
@@ -201,8 +209,8 @@ class TrialOutputs:
             try:
                 self.sender.send(name, found)
                 return
-            except Exception:  # no device memory to export into, the judge's end gone, or worse: the file path holds
-                self.sender = None
+            except Exception as exc:  # no device memory to export into, the judge's end gone, or worse: the file path holds
+                self.sender, self.exchange_fallback = None, f"sending {name}: {_failure_name(exc)}"
         part = self.workdir / f"{name}.pt.part"
         tensors.save(part, output)  # a device tensor's copy to the host is made here
         self._wait_for_the_judge()
@@ -214,12 +222,25 @@ class TrialOutputs:
             time.sleep(self.POLL_S)
 
 
-def _device_sender(spec: CandidateSpec) -> Sender | None:
-    """The device exchange, where the pool gave this child a socket and the driver can export memory."""
+def _failure_name(exc: BaseException) -> str:
+    """What failed, without its message (which may quote the candidate's doing): the driver's or the OS's error name."""
+    if isinstance(exc, device_exchange.DeviceExchangeError):
+        return exc.error
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, type(exc).__name__)
+    return type(exc).__name__
+
+
+def _device_sender(spec: CandidateSpec) -> tuple[Sender | None, str | None]:
+    """The device exchange, where the pool gave this child a socket and the driver can export memory; else why
+    not, where it was asked for."""
     fd, min_bytes = spec.get("exchange_fd"), spec.get("device_exchange_min_bytes")
-    if spec["device"] != "cuda" or fd is None or min_bytes is None or not device_exchange.available():
-        return None
-    return Sender(socket.socket(fileno=fd), min_bytes, spec.get("outputs_in_flight") or 1)
+    if spec["device"] != "cuda" or fd is None or min_bytes is None:
+        return None, None
+    if not device_exchange.available():
+        return None, "this child cannot export device memory as descriptors"
+    hold = functools.partial(gpu_lock, spec.get("gpu_lock"))
+    return Sender(socket.socket(fileno=fd), min_bytes, spec.get("outputs_in_flight") or 1, hold=hold), None
 
 
 def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
@@ -233,12 +254,12 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
     builds = _install_compile_hooks(counter, spec, workdir)
     if device != "cuda":
         _first_autotune_config_when_interpreted()
-    sender = _device_sender(spec)
+    sender, unavailable = _device_sender(spec)
     writable = [str(workdir), os.environ.get("TMPDIR", "/tmp"), "/tmp"]
     arm_audit = install_audit_hook(str(workdir / AUDIT_LOG), writable, sender.sock if sender else None)
     snapshot = IntegritySnapshot()  # once the hooks are in: they are part of what must stay as it is
     baseline_threads = threading.active_count()
-    outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"), sender=sender)
+    outputs = TrialOutputs(workdir, spec["fingerprint_key"], spec.get("outputs_in_flight"), sender, unavailable)
     observations: Observations = {"launches_per_case": [], "work_per_case": []}
 
     # Off for the candidate's life here, collected only between trials: a collection at any allocation
@@ -346,6 +367,8 @@ def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:
         observations["replaced_functions"] = observations.get("replaced_functions") or snapshot.replaced()
     if device == "cuda":
         result["device_peak_bytes"] = torch.cuda.max_memory_reserved()
+    if outputs.exchange_fallback:
+        result["device_exchange_fallback"] = outputs.exchange_fallback
     return result
 
 

@@ -15,12 +15,15 @@ ctypes, against the driver every CUDA process already loads.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
 import os
 import socket
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -35,11 +38,26 @@ MAX_MESSAGE_BYTES = 1 << 16
 # holds a descriptor per tensor in the judge's process while it waits its turn there.
 MAX_SENT_TENSORS = 16
 MAX_SENT_DIMS = 16
-OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"  # in a DeviceExchangeError's message: a shortage, not a lie
+OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"  # a shortage, not a lie
+# What the driver answers for a descriptor or a size that is not what the message says: the sender's doing. Any
+# other failure (no context, no descriptors left) is the receiving process's own.
+_SENDERS_ERRORS = frozenset(
+    {"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE", "CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_NOT_PERMITTED"}
+)
 
 
 class DeviceExchangeError(RuntimeError):
-    """A driver call of the exchange failed: its name and CUDA's error name."""
+    """A driver call of the exchange failed (its name and CUDA's error name, ``error``), or what a descriptor
+    names is not memory the exchange sends."""
+
+    def __init__(self, message: str, error: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+    @property
+    def senders_fault(self) -> bool:
+        """Whether the descriptor or its size made it fail (not this process's state or a shortage)."""
+        return self.error in _SENDERS_ERRORS
 
 
 class _Location(ctypes.Structure):
@@ -84,6 +102,11 @@ def _driver() -> ctypes.CDLL:
         "cuMemUnmap": [u64, size],
         "cuMemAddressFree": [u64, size],
         "cuMemRelease": [u64],
+        "cuMemGetAllocationPropertiesFromHandle": [ref, u64],
+        "cuCtxGetCurrent": [ref],
+        "cuCtxSetCurrent": [ref],
+        "cuDeviceGet": [ref, ctypes.c_int],
+        "cuDevicePrimaryCtxRetain": [ref, ctypes.c_int],
         "cuGetErrorName": [ctypes.c_int, ref],
     }
     for name, argtypes in signatures.items():
@@ -96,7 +119,30 @@ def _call(name: str, *args: Any) -> None:
     if result:
         error = ctypes.c_char_p()
         _driver().cuGetErrorName(result, ctypes.byref(error))
-        raise DeviceExchangeError(f"{name}: {error.value.decode() if error.value else result}")
+        error_name = error.value.decode() if error.value else str(result)
+        raise DeviceExchangeError(f"{name}: {error_name}", error_name)
+
+
+def _use_device(device: int) -> None:
+    """Make ``device``'s primary context (the one torch's runtime uses) current on this thread for the driver
+    calls that follow. A thread that has not used CUDA has none, and ``torch.cuda.set_device`` makes none
+    where the thread's device is already ``device``."""
+    current = ctypes.c_void_p()
+    _call("cuCtxGetCurrent", ctypes.byref(current))
+    if current.value != _primary_context(device):
+        _call("cuCtxSetCurrent", ctypes.c_void_p(_primary_context(device)))
+
+
+@functools.cache
+def _primary_context(device: int) -> int:
+    """``device``'s primary context, retained once for this process's life (torch's runtime holds it anyway)."""
+    torch.cuda.init()  # the driver initialised, and the device ordinals torch uses
+    ordinal, context = ctypes.c_int(), ctypes.c_void_p()
+    _call("cuDeviceGet", ctypes.byref(ordinal), device)
+    _call("cuDevicePrimaryCtxRetain", ctypes.byref(context), ordinal)
+    if not context.value:
+        raise DeviceExchangeError("cuDevicePrimaryCtxRetain: no context", "CUDA_ERROR_INVALID_CONTEXT")
+    return context.value
 
 
 def _prop(device: int) -> _AllocationProp:
@@ -174,7 +220,7 @@ def export(t: torch.Tensor) -> Exported:
     the mapping may be let go at once after (``Exported.close``), and a copy still queued would then
     write to an address no longer mapped (an illegal address, which poisons the process's CUDA context)."""
     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    torch.cuda.set_device(device)  # the driver calls below act in this thread's current context
+    _use_device(device)
     nbytes = t.numel() * t.element_size()
     size = _rounded(nbytes, device)
     handle = ctypes.c_uint64()
@@ -200,10 +246,16 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     those bytes (rounded up to the driver's granularity): an allocation smaller than that fails to map
     (``DeviceExchangeError``) rather than be read past."""
     nbytes = torch.Size(shape).numel() * dtype.itemsize
-    torch.cuda.set_device(device)  # a judge's thread may not have used CUDA yet: the driver calls need its context
+    _use_device(device)  # a judge's thread may not have used CUDA yet
+    size = _rounded(nbytes, device)
     handle = ctypes.c_uint64()
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
-    mapping = _Mapping(handle.value, _rounded(nbytes, device), device)
+    try:
+        _check_sent_memory(handle.value, device)
+    except DeviceExchangeError:
+        _driver().cuMemRelease(handle.value)
+        raise
+    mapping = _Mapping(handle.value, size, device)
     try:
         mapped = mapping.bytes(nbytes, device) if nbytes else torch.empty(0, dtype=torch.uint8, device=device)
         raw = mapped.cpu() if to_host else mapped.clone()
@@ -211,6 +263,15 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     finally:
         mapping.close()
     return raw.view(dtype).view(shape)
+
+
+def _check_sent_memory(handle: int, device: int) -> None:
+    """Memory of the kind ``export`` makes: resident on ``device`` (not host memory, not another device's)."""
+    prop = _AllocationProp()
+    _call("cuMemGetAllocationPropertiesFromHandle", ctypes.byref(prop), handle)
+    where = (prop.type, prop.location.type, prop.location.id)
+    if where != (_ALLOCATION_PINNED, _ON_DEVICE, device):
+        raise DeviceExchangeError(f"the descriptor names memory the exchange does not send: {where}", "CUDA_ERROR_INVALID_VALUE")
 
 
 @functools.cache
@@ -295,10 +356,20 @@ class Sender:
     """The child's end of the exchange socket: a trial output whose tensors are all on the device and
     together at least ``min_bytes`` goes over it (``send``), the rest is left to the file exchange. At
     most ``in_flight`` sent outputs wait for the judge's acknowledgement (it acknowledges once it has judged
-    one); after ``wait_s`` the next is sent anyway (the judge is late, not gone)."""
+    one); after ``wait_s`` the next is sent anyway (the judge is late, not gone). The copies into exportable
+    memory run under ``hold`` (the device lock, shared): they are device work at the memory's full bandwidth,
+    which a timing elsewhere must not share the GPU with."""
 
-    def __init__(self, sock: socket.socket, min_bytes: int, in_flight: int, wait_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        min_bytes: int,
+        in_flight: int,
+        wait_s: float = 60.0,
+        hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
         self.sock, self.min_bytes, self.in_flight, self.wait_s = sock, min_bytes, max(1, in_flight), wait_s
+        self.hold = hold
         self._unacknowledged = 0
 
     def takes(self, tensors: list[torch.Tensor]) -> bool:
@@ -315,8 +386,9 @@ class Sender:
         self._wait_for_room()
         exported: list[Exported] = []
         try:
-            for t in tensors:
-                exported.append(export(t))  # each copy complete before the judge reads it
+            with self.hold():
+                for t in tensors:
+                    exported.append(export(t))  # each copy complete before the judge reads it
             described: list[SentTensor] = [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]
             send(self.sock, {"name": name, "tensors": described}, [e.fd for e in exported])
         finally:
