@@ -10,6 +10,8 @@
 # Steps:
 #   tests[:EXPR]   pytest -m gpu (the GPU path: kernels verified and timed, GPU-only hacks), -k EXPR
 #   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
+#   exchange_ab:G  throughput with the device exchange off, then on (half the step's limit each, on emptied state dirs,
+#                  replayable seeds $SEED), then benchmarks/verdict_equality.py on the two runs' rows
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   compile[:N]    benchmarks/compile_strategies.py --gpu: the cold load_inline by header tier, with the precompiled headers
@@ -30,7 +32,7 @@
 #   timing_noise[:SECONDS]  benchmarks/timing_noise.py: a ReLU's and 10_'s and 14_'s reference timings sampled on a quiet host,
 #                  under CPU load, beside fresh children's warm-ups, and both; the spread and where each stop rule ends
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
-# Environment: KB (KernelBench checkout, default .device), CANDIDATES (default $KB/cands_l2, made by
+# Environment: KB (KernelBench checkout, default .device), SEED (exchange_ab's, default 1), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
 # EVAL_RESUME (a samples.jsonl), EVAL_REDO (statuses to evaluate again on resume, e.g. runtime_error),
 # PROFILE=1 (throughput runs under py-spy, every process of the tree, carried in .whl; its stacks are
@@ -73,6 +75,17 @@ for step in "$@"; do
                 --candidates "$CANDIDATES" --limit "${LIMIT:-24}" --only ours --concurrency "$CONCURRENCY" --group "$arg" \
                 --out "$RESULTS/throughput_g$arg"
             [ -n "${PROFILE:-}" ] && "$PYTHON" benchmarks/profile_summary.py "${TMPDIR:-/tmp}/stacks_g$arg.txt" > "$RESULTS/profile_g$arg.txt" ;;
+        exchange_ab)
+            for side in files exchange; do
+                rm -rf "${KZ_DATA_DIR:?}"/* "${KZ_REWARD_SCRATCH_DIR:?}"/*
+                on=false
+                [ "$side" = exchange ] && on=true
+                KZ_REWARD_DEVICE_EXCHANGE=$on timeout -s INT -k 15 "$((limit / 2))" "$PYTHON" benchmarks/kernelbench_throughput.py run \
+                    --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" --limit "${LIMIT:-24}" --only ours \
+                    --concurrency "$CONCURRENCY" --group "$arg" --seed "${SEED:-1}" --out "$RESULTS/ab_g${arg}_$side"
+            done
+            "$PYTHON" benchmarks/verdict_equality.py "$RESULTS/ab_g${arg}_files/ours_rows.jsonl" \
+                "$RESULTS/ab_g${arg}_exchange/ours_rows.jsonl" --json "$RESULTS/ab_g${arg}_verdicts.json" ;;
         compile)
             [ "$arg" = compile ] && arg=5
             python3 benchmarks/compile_strategies.py --gpu --skip-original --repeat "$arg" --kernelbench "$KB"

@@ -34,6 +34,7 @@ Steps:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -46,10 +47,11 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import track
@@ -57,6 +59,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from device_lock_trace import DeviceLockTrace  # noqa: E402  (this folder is on the path when the script runs)
+
+if TYPE_CHECKING:
+    from reward_svc.evaluate import GroupSeeds
 
 console = Console()
 KB_TIMEOUT_S = 180
@@ -259,14 +264,30 @@ def _load_rows(partial: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- ours
 
 
-def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> dict[str, Any]:
-    """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs."""
+def replayable_seeds(run_seed: int) -> Callable[[str], GroupSeeds]:
+    """Each group's seeds from ``run_seed`` and its reference, the same in every run given it (inputs, weights and
+    the knockout case): two runs of the same candidates judge the same values in the same trials, so their
+    verdicts compare one for one (``verdict_equality.py``; with secret seeds a borderline problem's candidates
+    fall either side of the tolerance from run to run)."""
+
+    def seeds(reference: str) -> GroupSeeds:
+        digest = hashlib.sha256(f"{run_seed}\0{reference}".encode()).digest()
+        first, second, third, knockout = (int.from_bytes(digest[i : i + 4], "big") % (2**31 - 1) for i in (0, 4, 8, 12))
+        return {"input": first, "weights": [second, (second + 1 + third % (2**30)) % (2**31 - 1)], "knockout": knockout}
+
+    return seeds
+
+
+def run_ours(work: list[Work], partial: Path, concurrency: int, group: int, seed: int | None = None) -> dict[str, Any]:
+    """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs; ``seed``: replayable
+    seeds (``replayable_seeds``) instead of secret ones."""
     from reward_svc.evaluate import Evaluator, warm_children
     from services.config import get_settings
     from services.schemas.reward import ScoreOptions
 
     # a GPU worker with this many threads: its slots are reward_parallel_children for each (evaluate.child_slots)
-    evaluator = Evaluator(get_settings().model_copy(update={"reward_gpu_concurrency": concurrency, "gpu_devices": [0]}))
+    settings = get_settings().model_copy(update={"reward_gpu_concurrency": concurrency, "gpu_devices": [0]})
+    evaluator = Evaluator(settings, seeds=replayable_seeds(seed) if seed is not None else None)
     options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda")
     warmed = pool.wait_ready(timeout_s=300)
@@ -283,6 +304,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int) -> d
                 "wall_s": round(wall / len(verdicts), 3),
                 "status": v.status,
                 "correct": v.correct,
+                "guard": v.guard,
                 "speedup": v.speedup,
                 "reason": v.reason[:200],
                 "seconds": v.details.get("seconds"),
@@ -479,6 +501,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, help="our groups in flight (default: KZ_REWARD_GPU_CONCURRENCY)")
     parser.add_argument("--group", type=int, default=1, help="candidates per problem: launch-configuration variants (run step)")
     parser.add_argument("--variant", type=int, help="KernelBench's side: only this variant of each group")
+    parser.add_argument("--seed", type=int, help="our side: replayable seeds, for comparing two runs' verdicts")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.problems, args.candidates, args.limit)
@@ -502,7 +525,7 @@ def main() -> None:
         from services.config import get_settings
 
         report["ours"] = run_ours(
-            work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group
+            work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group, args.seed
         )
     if args.only != "ours":
         report["kernelbench"] = run_kernelbench(

@@ -16,11 +16,11 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
@@ -57,8 +57,12 @@ class Evaluation:
 class Evaluator:
     """Owns the warm children of one worker; evaluates groups of candidates against a reference."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, seeds: Callable[[str], GroupSeeds] | None = None) -> None:
+        """``seeds``: a group's seeds from its reference source, for a benchmark that scores the same candidates
+        twice to compare verdicts (predictable seeds let a candidate fitted to them pass: never a service's);
+        by default each group draws secret ones."""
         self.settings = settings or get_settings()
+        self.seeds = seeds or (lambda _reference: secret_seeds())
         self.layout = Layout(self.settings.data_dir / "reward", scratch=self.settings.reward_scratch_dir).create()
         self.builds = BuildCache(self.layout.cache, self.settings.reward_cache_max_bytes)
         self._pools: dict[str, ChildPool] = {}
@@ -149,7 +153,7 @@ class Evaluator:
         if not pending:
             return Evaluation([v for v in verdicts if v is not None], device)
 
-        seeds = _secret_seeds()
+        seeds = self.seeds(reference)
         ref_child, outcome, ref_result, reference_s, ref_waits = self._run_reference(reference, arrival, device, options, seeds)
         with contextlib.ExitStack() as group:
             group.enter_context(self.exchange_budget.hold(ref_result.get("files_bytes", 0) if ref_result else 0))
@@ -217,7 +221,7 @@ class Evaluator:
         return self.exchange_budget.has_room() and (device_memory is None or device_memory.has_room())
 
     def _run_reference(
-        self, reference: str, arrival: int, device: str, options: ScoreOptions, seeds: dict[str, Any]
+        self, reference: str, arrival: int, device: str, options: ScoreOptions, seeds: GroupSeeds
     ) -> tuple[Child, SandboxResult, ReferenceResult | None, float, dict[str, float]]:
         """The reference child, run again while the scratch filesystem has no room for its files yet,
         or after it ran out of device memory that other children held; (child, outcome, result,
@@ -285,7 +289,7 @@ class Evaluator:
         place: tuple[int, int],
         device: str,
         options: ScoreOptions,
-        seeds: dict[str, Any],
+        seeds: GroupSeeds,
         exchange: Path,
         ref_result: ReferenceResult,
         ref_dir: Path,
@@ -348,7 +352,7 @@ class Evaluator:
         source: str,
         device: str,
         options: ScoreOptions,
-        seeds: dict[str, Any],
+        seeds: GroupSeeds,
         exchange: Path,
         ref_result: ReferenceResult,
         ref_dir: Path,
@@ -363,7 +367,11 @@ class Evaluator:
             build = child.build_inbox if cached and child.build_inbox else child.workdir / "build"
             (child.workdir / "candidate.py").write_text(source)
             fingerprint_key = secrets.randbits(62)  # the judge's check that each output file is what its trial returned
-            knockout_case, copies_are_work = choose_knockout_case(ref_result)
+            knockout_case, copies_are_work = (
+                knockout_at(ref_result, seeds["knockout"] % ref_result["cases"])
+                if "knockout" in seeds
+                else choose_knockout_case(ref_result)
+            )
             spec: CandidateSpec = {
                 "role": "candidate",
                 "candidate_path": str(child.workdir / "candidate.py"),
@@ -493,7 +501,13 @@ def _policy_verdict(source: str) -> Verdict | None:
     )
 
 
-def _secret_seeds() -> dict[str, Any]:
+class GroupSeeds(TypedDict):
+    input: int
+    weights: list[int]  # two distinct seeds, each case's model built with one
+    knockout: NotRequired[int]  # every candidate's knockout case, modulo the cases (replayable runs); else a secret pick each
+
+
+def secret_seeds() -> GroupSeeds:
     """Per request: inputs and weights no candidate can predict; two weight seeds, so a candidate
     that ignores the weights it was given cannot pass."""
     weights = secrets.randbelow(2**31 - 1)

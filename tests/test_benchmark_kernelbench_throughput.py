@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from services.config import Settings
+
+if TYPE_CHECKING:
+    from reward_svc.evaluate import GroupSeeds
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "kernelbench_throughput.py"
 
@@ -79,3 +87,64 @@ def test_the_longest_timings_are_listed_with_what_they_measured() -> None:
         ("14_b.py#0", "candidate", 3.0),
     ]
     assert longest[0]["samples"] == 1000 and longest[1]["samples"] == 40 and longest[0]["rse"] == 0.02
+
+
+def test_replayable_seeds_are_the_same_for_a_reference_in_every_run_and_differ_between_references() -> None:
+    seeds = _benchmark().replayable_seeds
+    first, again, other_run = seeds(7)("reference a"), seeds(7)("reference a"), seeds(8)("reference a")
+    assert first == again and first != other_run and first != seeds(7)("reference b")
+    for drawn in (first, other_run):
+        assert 0 <= drawn["input"] < 2**31 - 1
+        assert len(set(drawn["weights"])) == 2 and all(0 <= w < 2**31 - 1 for w in drawn["weights"])
+
+
+def test_a_group_judged_twice_with_replayable_seeds_sees_the_same_values(kz_env: Callable[..., Settings]) -> None:
+    """What the benchmark's verdict comparison rests on: with its seeds a data-dependent error is the same
+    error in both runs (with secret ones the count of wrong values changes from run to run)."""
+    from reward_cases import RELU_REFERENCE, candidate
+    from reward_svc.evaluate import Evaluator
+    from services.schemas.reward import ScoreOptions
+
+    wrong_where_large = candidate("out = launch_relu(x, torch.empty_like(x))\nreturn torch.where(x > 1.5, out + 1, out)")
+    asked: list[str] = []
+    replayable = _benchmark().replayable_seeds(3)
+
+    def seeds(reference: str) -> GroupSeeds:
+        asked.append(reference)
+        return replayable(reference)
+
+    evaluator = Evaluator(kz_env(reward_warm_children=0), seeds=seeds)
+    try:
+        reasons = [
+            evaluator.evaluate_group(RELU_REFERENCE, [wrong_where_large], ScoreOptions(device="cpu")).verdicts[0].reason
+            for _ in range(2)
+        ]
+    finally:
+        evaluator.close()
+    assert asked == [RELU_REFERENCE, RELU_REFERENCE]
+    assert "values outside" in reasons[0] and reasons[0] == reasons[1]
+
+
+def test_verdict_equality_compares_the_samples_both_runs_finished(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("verdict_equality", BENCHMARK.parent / "verdict_equality.py")
+    assert spec and spec.loader
+    equality = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(equality)
+    before = [
+        {"problem": "1_#0", "status": "correct", "correct": True, "guard": None},
+        {"problem": "1_#1", "status": "rejected", "correct": False, "guard": "output_tampering"},
+        {"problem": "2_#0", "status": "incorrect", "correct": False, "guard": None},
+    ]
+    after = [
+        {"problem": "1_#0", "status": "correct", "correct": True, "guard": None},
+        {"problem": "1_#1", "status": "rejected", "correct": False, "guard": "pytorch_fallback", "reason": "another guard"},
+        {"problem": "3_#0", "status": "correct", "correct": True},
+    ]
+    rows = tmp_path / "before.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in before) + "\n")
+    report = tmp_path / "after.json"
+    report.write_text(json.dumps({"rows": after}))
+    result = equality.compare(equality.load_rows(rows), equality.load_rows(report))
+    assert (result["compared"], result["same"]) == (2, 1)
+    assert [d["sample"] for d in result["differ"]] == ["1_#1"]
+    assert (result["only_before"], result["only_after"]) == (["2_#0"], ["3_#0"])
