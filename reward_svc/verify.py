@@ -27,6 +27,7 @@ from services.children import device_exchange, tensors
 from services.children.device_exchange import MAX_SENT_DIMS, MAX_SENT_TENSORS, SENT_DTYPES, Received
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
+from services.queue.unfit import ProcessUnfit
 from services.schemas.reward import GUARDS, Guard, Verdict
 
 # A correct output must reproduce the reference's variation, not just its level: relative L2
@@ -313,8 +314,10 @@ class FileComparer:
                 if exc.senders_fault:
                     unreadable = f"the device memory sent for {name} cannot be read: {exc}"[:500]
                     return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
+                _device_still_works(self.device)
                 return None, _not_read(name, exc)
             except Exception as exc:  # memory the driver mapped and torch cannot use: this output's verdict, not the group's
+                _device_still_works(self.device)
                 return None, _not_read(name, exc)
         received.close()  # the sender's memory, no longer needed once cloned
         if out is None:
@@ -391,6 +394,7 @@ class FileComparer:
         except torch.OutOfMemoryError:
             return seen, _out_of_memory(device, name)
         except Exception as exc:  # a tensor that loads but cannot be compared: the candidate's verdict
+            _device_still_works(device)
             return seen, EarlyVerdict(
                 Verdict("incorrect", f"{name} cannot be compared with the reference's output: {type(exc).__name__}: {exc}"[:500])
             )
@@ -406,6 +410,18 @@ class FileComparer:
                     guard="output_tampering",
                 )
             )
+
+
+def _device_still_works(device: str) -> None:
+    """After an unexpected failure on the device: the judge's CUDA context, if a sticky error (an illegal
+    address) has lost it, fails even a one-element sum, and every later comparison in this process would fail
+    too and read as "incorrect". Then the process ends and its jobs run again (``ProcessUnfit``)."""
+    if device == "cpu":
+        return
+    try:
+        torch.ones(1, device=device).sum().item()
+    except Exception as exc:
+        raise ProcessUnfit(f"the CUDA context of {device} failed: {type(exc).__name__}: {exc}"[:500]) from exc
 
 
 def _not_read(name: str, exc: Exception) -> EarlyVerdict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -113,3 +114,38 @@ def test_a_descriptor_that_is_not_device_memory_is_refused(tmp_path: Path) -> No
         os.close(read_end)
         os.close(write_end)
     assert float(torch.ones(4, device="cuda").sum()) == 4.0
+
+
+STICKY_ERROR = textwrap.dedent(
+    """
+    import torch, triton, triton.language as tl
+    from reward_svc.verify import _device_still_works
+    from services.queue.unfit import ProcessUnfit
+
+    @triton.jit
+    def store_far_away(p):
+        tl.store(p + (1 << 40), 1.0)  # a terabyte past its allocation: an illegal address, sticky
+
+    _device_still_works("cuda:0")  # a working context passes
+    store_far_away[(1,)](torch.zeros(1, device="cuda"))
+    try:
+        _device_still_works("cuda:0")
+    except ProcessUnfit as exc:
+        print("unfit:", exc)
+    """
+)
+
+
+def test_a_context_lost_to_a_sticky_error_is_found_by_the_judges_check(tmp_path: Path) -> None:
+    """What ``verify._device_still_works`` rests on, in a process of its own (the error poisons it for good)."""
+    script = tmp_path / "sticky.py"
+    script.write_text(STICKY_ERROR)
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))},
+    )
+    assert "unfit: the CUDA context of cuda:0 failed" in done.stdout, done.stdout + done.stderr[-2000:]

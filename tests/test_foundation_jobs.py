@@ -26,6 +26,7 @@ from services.queue.names import TRAINING, probe_task_name
 
 PROBE = probe_task_name("trainer")
 STUBBORN = "test.stubborn"  # tests/worker_apps.py
+UNFIT_ONCE = "test.unfit_once"
 
 
 def wait_for(job_id: str, statuses: tuple[str, ...], timeout_s: float = 30, poll_s: float = 0.05) -> Job:
@@ -126,6 +127,23 @@ def test_job_whose_worker_always_dies_is_reported_failed(
     assert failed.attempts == 2 and failed.result is None
     assert failed.error == "gave up after 1 attempts: its worker died each time"
     assert failed.finished_at is not None
+
+
+def test_a_job_that_finds_its_process_unfit_ends_the_process_and_runs_again_in_a_fresh_one(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """ProcessUnfit (a judge that met a lost CUDA context) is not the job's failure: the process exits, as a
+    killed one would, and the job's next attempt runs in a new process and stores its result once."""
+    worker = start_worker("trainer", app="worker_apps")
+    job = submit_job(UNFIT_ONCE, {}, TRAINING)
+
+    done = wait_for(job.id, ("succeeded", "failed"), timeout_s=60)
+    assert done.status == "succeeded", done.error
+    assert done.attempts == 2 and done.result is not None
+    assert done.result["pid"] != done.result["unfit_pid"]  # the unfit process is gone; a fresh one ran it
+    assert worker.popen.poll() is None  # the worker's main process replaced its child
+    log = worker.log_once_it_has('"event": "job.succeeded"')
+    assert log.count('"event": "job.process_unfit"') == 1 and '"event": "job.failed"' not in log
 
 
 def test_time_limits_end_a_job_as_failed(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from reward_svc import verify
 from services.children import device_exchange, tensors
+from services.queue.unfit import ProcessUnfit
 
 
 def _open_fds() -> set[str]:
@@ -242,3 +243,23 @@ def test_a_shortage_of_device_memory_is_not_blamed_on_the_candidate(tmp_path: Pa
         assert isinstance(failed, verify.EarlyVerdict) and failed.verdict.status == "runtime_error"
         assert failed.verdict.guard is None and not failed.verdict.details.get("out_of_memory")
     assert len(asked) == len(answers)
+
+
+def test_a_judge_whose_device_fails_even_a_sum_ends_its_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failure that is not the sender's, the judge tries its device once more: a CUDA context lost to
+    a sticky error would make every later comparison read "incorrect", so the process ends and its jobs run
+    again (``ProcessUnfit``). On this machine no CUDA device works at all, which the check finds the same way."""
+    compare_files, files, _ours, _theirs = _stream(tmp_path)
+    compare_files.device = "cuda:0"
+
+    def torch_cannot_use_it(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise TypeError("the memory is not where torch can use it")
+
+    monkeypatch.setattr(device_exchange, "import_clone", torch_cannot_use_it)
+    read_end, write_end = os.pipe()
+    os.close(write_end)
+    described = {"name": "output_0", "tensors": [{"dtype": "torch.float32", "shape": [4, 8]}]}
+    received = device_exchange.Received(described, [read_end], truncated=False, empty=False)
+    with pytest.raises(ProcessUnfit, match="the CUDA context of cuda:0 failed"):
+        compare_files.consume_sent("output_0", received, files.expected("output_0"), None)
+    assert not received.fds  # its descriptors closed all the same

@@ -240,7 +240,8 @@ def _device_sender(spec: CandidateSpec) -> tuple[Sender | None, str | None]:
     if not device_exchange.available():
         return None, "this child cannot export device memory as descriptors"
     hold = functools.partial(gpu_lock, spec.get("gpu_lock"))
-    return Sender(socket.socket(fileno=fd), min_bytes, spec.get("outputs_in_flight") or 1, hold=hold), None
+    device = torch.device("cuda", torch.cuda.current_device())
+    return Sender(socket.socket(fileno=fd), min_bytes, spec.get("outputs_in_flight") or 1, hold=hold, device=device), None
 
 
 def run_candidate(spec: CandidateSpec, workdir: Path) -> CandidateResult:

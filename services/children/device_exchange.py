@@ -50,14 +50,15 @@ class DeviceExchangeError(RuntimeError):
     """A driver call of the exchange failed (its name and CUDA's error name, ``error``), or what a descriptor
     names is not memory the exchange sends."""
 
-    def __init__(self, message: str, error: str) -> None:
+    def __init__(self, message: str, error: str, *, ours: bool = False) -> None:
         super().__init__(message)
-        self.error = error
+        self.error, self.ours = error, ours
 
     @property
     def senders_fault(self) -> bool:
-        """Whether the descriptor or its size made it fail (not this process's state or a shortage)."""
-        return self.error in _SENDERS_ERRORS
+        """Whether the descriptor or its size made it fail (not this process's state, a shortage, or a step
+        before the descriptor was touched: ``ours``)."""
+        return not self.ours and self.error in _SENDERS_ERRORS
 
 
 class _Location(ctypes.Structure):
@@ -246,12 +247,15 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     those bytes (rounded up to the driver's granularity): an allocation smaller than that fails to map
     (``DeviceExchangeError``) rather than be read past."""
     nbytes = torch.Size(shape).numel() * dtype.itemsize
-    _use_device(device)  # a judge's thread may not have used CUDA yet
-    size = _rounded(nbytes, device)
+    try:
+        _use_device(device)  # a judge's thread may not have used CUDA yet
+        size = _rounded(nbytes, device)
+    except DeviceExchangeError as exc:  # nothing of the sender's touched yet
+        raise DeviceExchangeError(str(exc), exc.error, ours=True) from exc
     handle = ctypes.c_uint64()
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), fd, _POSIX_FD)
     try:
-        _check_sent_memory(handle.value, device)
+        _check_sent_memory(handle.value)
     except DeviceExchangeError:
         _driver().cuMemRelease(handle.value)
         raise
@@ -265,13 +269,23 @@ def import_clone(fd: int, dtype: torch.dtype, shape: list[int], device: int, *, 
     return raw.view(dtype).view(shape)
 
 
-def _check_sent_memory(handle: int, device: int) -> None:
-    """Memory of the kind ``export`` makes: resident on ``device`` (not host memory, not another device's)."""
+def _check_sent_memory(handle: int) -> None:
+    """Memory of the kind ``export`` makes: resident device memory (not host memory). Which device is not
+    compared: a sandboxed child numbers its devices apart from the worker. The driver's documentation does not
+    say what it reports for an imported handle, so a failed query or other properties are this side's failure
+    (``ours``: not judged, never tampering): a wrong guess here must not make honest outputs tampering."""
     prop = _AllocationProp()
-    _call("cuMemGetAllocationPropertiesFromHandle", ctypes.byref(prop), handle)
-    where = (prop.type, prop.location.type, prop.location.id)
-    if where != (_ALLOCATION_PINNED, _ON_DEVICE, device):
-        raise DeviceExchangeError(f"the descriptor names memory the exchange does not send: {where}", "CUDA_ERROR_INVALID_VALUE")
+    try:
+        _call("cuMemGetAllocationPropertiesFromHandle", ctypes.byref(prop), handle)
+    except DeviceExchangeError as exc:
+        raise DeviceExchangeError(str(exc), exc.error, ours=True) from exc
+    where = (prop.type, prop.location.type)
+    if where != (_ALLOCATION_PINNED, _ON_DEVICE):
+        raise DeviceExchangeError(
+            f"the descriptor names memory the exchange does not send (allocation type, location type): {where}",
+            "KZ_OTHER_MEMORY",
+            ours=True,
+        )
 
 
 @functools.cache
@@ -337,9 +351,8 @@ class Received:
     empty: bool  # no bytes: the sender hung up, or sent an empty record (the two look alike)
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        while self.fds:  # each out of the list before it is closed: a second close never meets a reused number
+            os.close(self.fds.pop())
 
 
 def receive(sock: socket.socket, max_fds: int = MAX_SENT_TENSORS) -> Received:
@@ -367,16 +380,18 @@ class Sender:
         in_flight: int,
         wait_s: float = 60.0,
         hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        device: torch.device = torch.device("cuda", 0),
     ) -> None:
         self.sock, self.min_bytes, self.in_flight, self.wait_s = sock, min_bytes, max(1, in_flight), wait_s
         self.hold = hold
+        self.device = device  # the child's one device: an output elsewhere goes as a file
         self._unacknowledged = 0
 
     def takes(self, tensors: list[torch.Tensor]) -> bool:
         return (
             0 < len(tensors) <= MAX_SENT_TENSORS
             and all(
-                t.device.type == "cuda" and t.layout == torch.strided and str(t.dtype) in SENT_DTYPES and t.dim() <= MAX_SENT_DIMS
+                t.device == self.device and t.layout == torch.strided and str(t.dtype) in SENT_DTYPES and t.dim() <= MAX_SENT_DIMS
                 for t in tensors
             )
             and sum(t.numel() * t.element_size() for t in tensors) >= self.min_bytes
