@@ -12,6 +12,8 @@
 #   throughput:G   ours on the 24 level-2 problems, groups of G (template candidates in $CANDIDATES)
 #   exchange_ab:G  throughput with the device exchange off, then on (half the step's limit each, on emptied state dirs,
 #                  replayable seeds $SEED), then benchmarks/verdict_equality.py on the two runs' rows
+#   verdicts:G     every group's verdicts with replayable seeds $SEED, over as many calls as it takes: resumes from the
+#                  rows of earlier calls in $VERDICTS_FROM (carried); one side per set (KZ_REWARD_DEVICE_EXCHANGE as set)
 #   kernelbench:G  KernelBench's eval script on the same problems' variant 1 of G (their per-sample rate)
 #   eval:LEVELS    kernelzero eval of the template backend (resumes from $EVAL_RESUME)
 #   compile[:N]    benchmarks/compile_strategies.py --gpu: the cold load_inline by header tier, with the precompiled headers
@@ -86,6 +88,12 @@ for step in "$@"; do
             done
             "$PYTHON" benchmarks/verdict_equality.py "$RESULTS/ab_g${arg}_files/ours_rows.jsonl" \
                 "$RESULTS/ab_g${arg}_exchange/ours_rows.jsonl" --json "$RESULTS/ab_g${arg}_verdicts.json" ;;
+        verdicts)
+            mkdir -p "$RESULTS/verdicts_g$arg"
+            [ -n "${VERDICTS_FROM:-}" ] && cp "$VERDICTS_FROM/ours_rows.jsonl" "$RESULTS/verdicts_g$arg/"
+            python3 benchmarks/kernelbench_throughput.py run --problems "$KB/KernelBench/level2" --candidates "$CANDIDATES" \
+                --limit "${LIMIT:-24}" --only ours --concurrency "$CONCURRENCY" --group "$arg" --seed "${SEED:-1}" --resume \
+                --out "$RESULTS/verdicts_g$arg" ;;
         compile)
             [ "$arg" = compile ] && arg=5
             python3 benchmarks/compile_strategies.py --gpu --skip-original --repeat "$arg" --kernelbench "$KB"

@@ -278,9 +278,20 @@ def replayable_seeds(run_seed: int) -> Callable[[str], GroupSeeds]:
     return seeds
 
 
-def run_ours(work: list[Work], partial: Path, concurrency: int, group: int, seed: int | None = None) -> dict[str, Any]:
+def unfinished(work: list[Work], rows: list[dict[str, Any]]) -> tuple[list[Work], set[str]]:
+    """The groups of ``work`` that ``rows`` (a run's, written a whole group at a time) holds none of, and the
+    problems it holds."""
+    finished = {row["problem"].split("#")[0] for row in rows}
+    return [w for w in work if w[0] not in finished], finished
+
+
+def run_ours(
+    work: list[Work], partial: Path, concurrency: int, group: int, seed: int | None = None, resume: bool = False
+) -> dict[str, Any]:
     """``concurrency`` groups in flight, as a GPU reward worker's threads pool runs its jobs; ``seed``: replayable
-    seeds (``replayable_seeds``) instead of secret ones."""
+    seeds (``replayable_seeds``) instead of secret ones. ``resume``: the groups ``partial`` holds are not run
+    again (a set of verdicts longer than one device call, gathered over several with one seed); the report's
+    figures are this run's groups only, and ``partial`` keeps them all."""
     from reward_svc.evaluate import Evaluator, warm_children
     from services.config import get_settings
     from services.schemas.reward import ScoreOptions
@@ -291,6 +302,8 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int, seed
     options = ScoreOptions(backend="triton", device="cuda")
     pool = evaluator.pool("cuda")
     warmed = pool.wait_ready(timeout_s=300)
+    earlier = _load_rows(partial) if resume else []
+    work, finished = unfinished(work, earlier)
     rows: list[dict[str, Any]] = []
 
     def evaluate_group(name: str, reference: str, candidates: list[str]) -> list[dict[str, Any]]:
@@ -327,7 +340,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int, seed
             try:
                 for future in track(as_completed(futures), total=len(futures), description="KernelZero eval", console=console):
                     rows.extend({**row, "finished_s": round(time.perf_counter() - started, 3)} for row in future.result())
-                    _checkpoint(rows, partial)
+                    _checkpoint(earlier + rows, partial)
             except KeyboardInterrupt:  # the step's time limit (gpu_run.sh): the groups done so far are the figure
                 cut = True
     finally:
@@ -346,6 +359,7 @@ def run_ours(work: list[Work], partial: Path, concurrency: int, group: int, seed
             include={"reward_parallel_children", "reward_outputs_in_flight", "reward_gpu_concurrency"}
         ),
         pool_warm_at_start=warmed,
+        resumed_groups=len(finished),
         utilisation=sampler.summary(),
         device_lock=lock.summary(),
         cut=cut,
@@ -502,6 +516,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=1, help="candidates per problem: launch-configuration variants (run step)")
     parser.add_argument("--variant", type=int, help="KernelBench's side: only this variant of each group")
     parser.add_argument("--seed", type=int, help="our side: replayable seeds, for comparing two runs' verdicts")
+    parser.add_argument("--resume", action="store_true", help="our side: skip the groups the rows file already holds")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.problems, args.candidates, args.limit)
@@ -525,7 +540,12 @@ def main() -> None:
         from services.config import get_settings
 
         report["ours"] = run_ours(
-            work, args.out / "ours_rows.jsonl", args.concurrency or get_settings().reward_gpu_concurrency, args.group, args.seed
+            work,
+            args.out / "ours_rows.jsonl",
+            args.concurrency or get_settings().reward_gpu_concurrency,
+            args.group,
+            args.seed,
+            args.resume,
         )
     if args.only != "ours":
         report["kernelbench"] = run_kernelbench(

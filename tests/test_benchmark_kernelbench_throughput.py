@@ -148,3 +148,10 @@ def test_verdict_equality_compares_the_samples_both_runs_finished(tmp_path: Path
     assert (result["compared"], result["same"]) == (2, 1)
     assert [d["sample"] for d in result["differ"]] == ["1_#1"]
     assert (result["only_before"], result["only_after"]) == (["2_#0"], ["3_#0"])
+
+
+def test_a_resumed_run_leaves_out_the_groups_its_rows_hold() -> None:
+    work = [(name, "reference", ["a", "b"]) for name in ("1_x.py", "2_y.py", "3_z.py")]
+    rows = [{"problem": "2_y.py#0"}, {"problem": "2_y.py#1"}]
+    remaining, finished = _benchmark().unfinished(work, rows)
+    assert [w[0] for w in remaining] == ["1_x.py", "3_z.py"] and finished == {"2_y.py"}
