@@ -24,10 +24,11 @@ import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
 from services.children import device_exchange, tensors
+from services.children.device import context_lost
 from services.children.device_exchange import MAX_SENT_DIMS, MAX_SENT_TENSORS, SENT_DTYPES, Received
 from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
-from services.queue.unfit import ProcessUnfit
+from services.queue import unfit
 from services.schemas.reward import GUARDS, Guard, Verdict
 
 # A correct output must reproduce the reference's variation, not just its level: relative L2
@@ -413,15 +414,12 @@ class FileComparer:
 
 
 def _device_still_works(device: str) -> None:
-    """After an unexpected failure on the device: the judge's CUDA context, if a sticky error (an illegal
-    address) has lost it, fails even a one-element sum, and every later comparison in this process would fail
-    too and read as "incorrect". Then the process ends and its jobs run again (``ProcessUnfit``)."""
-    if device == "cpu":
-        return
-    try:
-        torch.ones(1, device=device).sum().item()
-    except Exception as exc:
-        raise ProcessUnfit(f"the CUDA context of {device} failed: {type(exc).__name__}: {exc}"[:500]) from exc
+    """After an unexpected failure on the device: a judge whose CUDA context a sticky error (an illegal
+    address) has lost would fail every later comparison in this process, read as "incorrect". Then the
+    process ends and its jobs run again (``unfit.declare``)."""
+    lost = context_lost(device)
+    if lost:
+        unfit.declare(lost)
 
 
 def _not_read(name: str, exc: Exception) -> EarlyVerdict:

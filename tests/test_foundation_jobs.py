@@ -27,6 +27,7 @@ from services.queue.names import TRAINING, probe_task_name
 PROBE = probe_task_name("trainer")
 STUBBORN = "test.stubborn"  # tests/worker_apps.py
 UNFIT_ONCE = "test.unfit_once"
+FAILS_UNFIT_ONCE = "test.fails_unfit_once"
 
 
 def wait_for(job_id: str, statuses: tuple[str, ...], timeout_s: float = 30, poll_s: float = 0.05) -> Job:
@@ -129,13 +130,15 @@ def test_job_whose_worker_always_dies_is_reported_failed(
     assert failed.finished_at is not None
 
 
-def test_a_job_that_finds_its_process_unfit_ends_the_process_and_runs_again_in_a_fresh_one(
-    platform_env: Callable[..., Settings], start_worker: Callable[..., Any]
+@pytest.mark.parametrize("job_kind", [UNFIT_ONCE, FAILS_UNFIT_ONCE], ids=["declared by the job", "found after it failed"])
+def test_a_job_whose_process_is_unfit_ends_the_process_and_runs_again_in_a_fresh_one(
+    platform_env: Callable[..., Settings], start_worker: Callable[..., Any], job_kind: str
 ) -> None:
-    """ProcessUnfit (a judge that met a lost CUDA context) is not the job's failure: the process exits, as a
-    killed one would, and the job's next attempt runs in a new process and stores its result once."""
+    """An unfit process (a judge that met a lost CUDA context) is not the job's failure: the process exits, as a
+    killed one would, and the job's next attempt runs in a new process and stores its result once. Whether the
+    job declared it or failed with an ordinary error that the worker's fitness check then explained."""
     worker = start_worker("trainer", app="worker_apps")
-    job = submit_job(UNFIT_ONCE, {}, TRAINING)
+    job = submit_job(job_kind, {}, TRAINING)
 
     done = wait_for(job.id, ("succeeded", "failed"), timeout_s=60)
     assert done.status == "succeeded", done.error
@@ -143,7 +146,7 @@ def test_a_job_that_finds_its_process_unfit_ends_the_process_and_runs_again_in_a
     assert done.result["pid"] != done.result["unfit_pid"]  # the unfit process is gone; a fresh one ran it
     assert worker.popen.poll() is None  # the worker's main process replaced its child
     log = worker.log_once_it_has('"event": "job.succeeded"')
-    assert log.count('"event": "job.process_unfit"') == 1 and '"event": "job.failed"' not in log
+    assert log.count('"event": "process.unfit"') == 1 and '"event": "job.failed"' not in log
 
 
 def test_time_limits_end_a_job_as_failed(platform_env: Callable[..., Settings], start_worker: Callable[..., Any]) -> None:

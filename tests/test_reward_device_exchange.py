@@ -15,6 +15,7 @@ import torch
 
 from reward_svc import verify
 from services.children import device_exchange, tensors
+from services.queue import unfit
 from services.queue.unfit import ProcessUnfit
 
 
@@ -157,7 +158,7 @@ def test_a_sender_waits_for_room_only_while_the_judge_answers() -> None:
     """The child's end: with one output in flight it waits for the judge's acknowledgement before the
     next, and goes on after ``wait_s`` or once the judge's end is gone."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sender = device_exchange.Sender(theirs, min_bytes=1, in_flight=1, wait_s=0.3)
+    sender = device_exchange.Sender(theirs, min_bytes=1, in_flight=1, wait_s=0.3, device=torch.device("cuda", 0))
     sender._unacknowledged = 1
     started = time.monotonic()
     sender._wait_for_room()
@@ -248,9 +249,12 @@ def test_a_shortage_of_device_memory_is_not_blamed_on_the_candidate(tmp_path: Pa
 def test_a_judge_whose_device_fails_even_a_sum_ends_its_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a failure that is not the sender's, the judge tries its device once more: a CUDA context lost to
     a sticky error would make every later comparison read "incorrect", so the process ends and its jobs run
-    again (``ProcessUnfit``). On this machine no CUDA device works at all, which the check finds the same way."""
+    again (``unfit.declare``; in a process that runs no jobs, ``ProcessUnfit``). The check is stood in for here
+    (no CUDA); tests/test_device_exchange_gpu.py loses a context for real."""
     compare_files, files, _ours, _theirs = _stream(tmp_path)
     compare_files.device = "cuda:0"
+    monkeypatch.setattr(unfit, "_exits", False)  # a process that runs no jobs: it raises instead of ending
+    monkeypatch.setattr(verify, "context_lost", lambda device: f"the CUDA context of {device} failed: {device} is gone")
 
     def torch_cannot_use_it(*_args: object, **_kwargs: object) -> torch.Tensor:
         raise TypeError("the memory is not where torch can use it")

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from coder_svc.best_of_n import LocalScorer, score_drafts
 from coder_svc.drafts import KernelBackend, KernelGenerator
 from services.llm.chat import Sampling
+from services.queue.unfit import ProcessUnfit
 from services.schemas.coder import CandidateReport
 from services.schemas.reward import ScoreOptions
 
@@ -148,6 +149,8 @@ class Harness:
             t0 = time.perf_counter()
             reports, _ = score_drafts(module, drafts, self.scorer, self.options)
             evaluation_s = time.perf_counter() - t0
+        except ProcessUnfit:  # this process's CUDA context is lost: every later problem would fail too
+            raise
         except Exception as exc:  # an endpoint down, a generator bug: recorded, and retried by the next run
             outcomes = [{**_outcome(None, self.generator.name), "status": ERROR, "reason": f"{type(exc).__name__}: {exc}"}] * len(
                 indices

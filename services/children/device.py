@@ -1,4 +1,5 @@
-"""The device lock: GPU work of every child and worker takes it, shared for correctness work, exclusive for timing."""
+"""The device lock: GPU work of every child and worker takes it, shared for correctness work, exclusive for timing.
+Also which device a request means, and whether this process's CUDA context still works (``context_lost``)."""
 
 from __future__ import annotations
 
@@ -160,3 +161,21 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def context_lost(device: str) -> str | None:
+    """What failed, where this process's CUDA context on ``device`` is lost to a sticky error (an illegal
+    address: every later CUDA call fails with it), else None. Waits for this thread's stream on the device,
+    which allocates nothing (an allocation could fail for want of memory other processes hold, which says
+    nothing about the context); a context never made is not lost."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.current_stream(torch.device(device)).synchronize()
+    except Exception as exc:
+        return f"the CUDA context of {device} failed: {type(exc).__name__}: {exc}"[:500]
+    return None

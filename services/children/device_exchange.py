@@ -380,7 +380,8 @@ class Sender:
         in_flight: int,
         wait_s: float = 60.0,
         hold: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-        device: torch.device = torch.device("cuda", 0),
+        *,
+        device: torch.device,
     ) -> None:
         self.sock, self.min_bytes, self.in_flight, self.wait_s = sock, min_bytes, max(1, in_flight), wait_s
         self.hold = hold

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -36,10 +34,10 @@ from services.config import get_settings
 from services.db.models import Job, JobCheckpoint
 from services.db.session import retry_while_database_away, session_scope, until_database_answers
 from services.metrics import JOB_SECONDS, JOBS
+from services.queue import unfit
 from services.queue.app import producer
 from services.queue.faults import fault_point
 from services.queue.liveness import heartbeat, hold, owner_alive, release, worker_name
-from services.queue.unfit import EXIT_UNFIT, ProcessUnfit
 from services.schemas.jobs import FINISHED
 
 log = structlog.get_logger(__name__)
@@ -208,6 +206,7 @@ def run_job(job_id: str, work: JobFunction, kind: str = "unknown") -> None:
     """The body of every job task: attempt bookkeeping around ``work(job_id, payload)``; ``kind`` (the
     task's name, "<service>.<job>") labels its metrics."""
     structlog.contextvars.bind_contextvars(job_id=job_id)
+    unfit.exit_when_unfit()  # this process runs jobs: one found unfit ends, and its jobs run again
     started = time.monotonic()
     outcome = "skipped"
     try:
@@ -239,12 +238,8 @@ def _run_attempt(job_id: str, work: JobFunction) -> str:
             # A job's writes are keyed by the job, so a body whose database went away mid-way runs again once it
             # is back, instead of the job ending "failed" for a connection that was cut.
             result = until_database_answers()(work, job_id, job.payload)
-        except ProcessUnfit as exc:  # not the job's failure: this process's, which ends here (services/queue/unfit.py)
-            log.critical("job.process_unfit", error=str(exc)[:500])
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(EXIT_UNFIT)
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
+            unfit.check()  # unless it was this process's: then the process ends here, and the job runs again
             log.exception("job.failed")
             _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)
             return "failed"
