@@ -10,8 +10,7 @@ from typing import Any
 
 from reward_svc.evaluate import Evaluator
 from reward_svc.service import run_score_job
-from services.children.device import context_lost
-from services.config import get_settings
+from services.children.device import contexts_lost
 from services.queue import unfit
 from services.queue.names import SCORE_GROUP_TASK
 from services.queue.worker import create_worker_app
@@ -33,11 +32,7 @@ def score_group_job(job_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     return run_score_job(evaluator(), job_id, payload)
 
 
-def cuda_contexts_lost() -> str | None:
-    """A lost CUDA context can first show where no judge checks it (a group's cleanup frees cached memory):
-    looked for after any failed job (``unfit.check``)."""
-    return next(filter(None, (context_lost(f"cuda:{device}") for device in get_settings().gpu_devices)), None)
-
-
-unfit.add_check(cuda_contexts_lost)
+# A lost CUDA context can first show where no judge checks it (a group's cleanup frees cached memory): looked
+# for after any failed job.
+unfit.add_check(contexts_lost)
 app = create_worker_app("reward", {SCORE_GROUP_TASK: score_group_job}, runs_untrusted_code=True)

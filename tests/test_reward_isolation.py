@@ -255,6 +255,25 @@ def test_an_output_far_larger_than_the_answer_is_not_read(tmp_path: Path, monkey
     assert read == []
 
 
+NOT_DENSE = {
+    # densified unchecked, its index writes past the buffer in the judge's process (a far one: a segfault)
+    "sparse, an index past its size": lambda: torch.sparse_coo_tensor(
+        torch.tensor([[70]]), torch.tensor([1e30]), (64,), check_invariants=False
+    ),
+    "expanded, 1 KiB that reads as 4 GiB": lambda: torch.zeros(1).expand(1 << 30),
+    "quantized": lambda: torch.quantize_per_tensor(torch.randn(64), 0.1, 0, torch.qint8),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_DENSE))
+def test_an_output_that_is_not_dense_memory_of_its_own_is_refused_before_it_is_read(tmp_path: Path, kind: str) -> None:
+    """``torch.load(weights_only=True)`` rebuilds these from a file the candidate wrote; the harness never writes
+    one (it saves each tensor's own storage), so the judge refuses them before a byte is touched."""
+    verdict = _judge_with(tmp_path, lambda path: torch.save(NOT_DENSE[kind](), path))
+    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+    assert "unreadable" in verdict.reason
+
+
 def test_an_output_read_while_its_child_runs_is_the_judges_own_copy(tmp_path: Path) -> None:
     """The judge maps a private copy of an output its child could still touch: rewriting or cutting the
     file after it was read changes nothing the judge holds, and a file that grew past what was checked

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -178,4 +179,20 @@ def context_lost(device: str) -> str | None:
         torch.cuda.current_stream(torch.device(device)).synchronize()
     except Exception as exc:
         return f"the CUDA context of {device} failed: {type(exc).__name__}: {exc}"[:500]
+    return None
+
+
+def contexts_lost() -> str | None:
+    """``context_lost`` for each device this process made a context on (by torch's numbering here: a worker
+    in a container sees its one GPU as device 0 whatever the host calls it), where torch was imported."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    made = getattr(torch._C, "_cuda_hasPrimaryContext", None)  # only in CUDA builds
+    for index in range(torch.cuda.device_count()):
+        if made is not None and not made(index):
+            continue
+        lost = context_lost(f"cuda:{index}")
+        if lost:
+            return lost
     return None

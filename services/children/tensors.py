@@ -227,7 +227,9 @@ def _fingerprint_weights(key: int, rows: int, device: str) -> tuple[torch.Tensor
 
 
 def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
-    if t.layout != torch.strided:  # sparse and kin: their values, as the judge would compare them
+    # Sparse and kin (a candidate's launch arguments, in its own process): their values. The judge never meets
+    # one: ``load`` refuses them, whose indices nothing has checked.
+    if t.layout != torch.strided:
         t = t.to_dense()
     flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)  # lazy conj/neg views have no bytes of their own
     if flat.storage_offset():  # a view into a larger buffer: its bytes may not align to words
@@ -246,10 +248,29 @@ def _fingerprint_tensor(t: torch.Tensor, key: int) -> int:
     return int(total) ^ (words.numel() << 8) ^ words.element_size()
 
 
+class NotDense(ValueError):
+    """A tensor file holds a tensor that is not plain strided memory of its own (sparse, quantized, nested, or
+    larger than its storage: an expanded one)."""
+
+
 def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
     """Memory-mapped by default (pages are read when touched; host tensors stay private
-    copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``."""
-    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    copy-on-write mappings, so writing to them never reaches the file), then moved to ``device``.
+
+    Dense tensors only, each no larger than its own storage (``NotDense`` otherwise). An output file is
+    the candidate's to write, and ``weights_only`` still rebuilds sparse tensors without checking their
+    indices (densifying one whose indices point past its size writes outside its buffer, in the judge's
+    process), and expanded ones whatever their size (a 1-KB file that reads as a 4-GiB tensor, which a
+    contiguous copy then allocates). Sparse invariants are checked as they load, and the rest is refused
+    before anything reads a byte. The harness never writes either: it saves each tensor's own storage,
+    compacted (``save``)."""
+    with torch.sparse.check_sparse_tensor_invariants():
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    for t in tensors_in(loaded):
+        if t.layout != torch.strided or t.is_quantized or t.is_nested:
+            raise NotDense(f"{path.name} holds a {'quantized' if t.is_quantized else t.layout} tensor; only dense ones are read")
+        if t.numel() * t.element_size() > (storage := t.untyped_storage().nbytes()):
+            raise NotDense(f"{path.name} holds a tensor of {tuple(t.shape)} over a storage of {storage} bytes")
     return loaded if device == "cpu" else to_device(loaded, device)
 
 

@@ -239,7 +239,7 @@ def _run_attempt(job_id: str, work: JobFunction) -> str:
             # is back, instead of the job ending "failed" for a connection that was cut.
             result = until_database_answers()(work, job_id, job.payload)
         except Exception as exc:  # the job's own failure is a reported outcome, not a crash
-            unfit.check()  # unless it was this process's: then the process ends here, and the job runs again
+            unfit.check(exc)  # unless it was this process's: then the process ends here, and the job runs again
             log.exception("job.failed")
             _finish(job_id, "failed", None, f"{type(exc).__name__}: {exc}", owner)
             return "failed"

@@ -44,17 +44,18 @@ def add_check(check: Callable[[], str | None]) -> None:
     _checks.append(check)
 
 
-def check() -> None:
-    """``declare`` what the first failing check says, if one fails."""
+def check(after: BaseException | None = None) -> None:
+    """``declare`` what the first failing check says, if one fails (``after``: the failure that prompted the
+    look, logged with it)."""
     for run in list(_checks):
         failed = run()
         if failed:
-            declare(failed)
+            declare(failed, after)
 
 
-def declare(reason: str) -> NoReturn:
+def declare(reason: str, after: BaseException | None = None) -> NoReturn:
     if _exits:
-        log.critical("process.unfit", reason=reason[:500])
+        log.critical("process.unfit", reason=reason[:500], exc_info=after)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(EXIT_UNFIT)
