@@ -229,6 +229,24 @@ def _judge_with(tmp_path: Path, plant: Callable[[Path], None]) -> Verdict:
     )
 
 
+def test_a_tree_deeper_than_python_recurses_is_swept_and_a_worker_still_starts(tmp_path: Path) -> None:
+    """A candidate can leave a directory 1,200 levels deep in its work dir: ``shutil.rmtree`` raised
+    RecursionError there (past ``ignore_errors``), losing the group's verdicts at its child's discard and,
+    the tree left behind, failing every later worker start in its sweep of dead owners' dirs."""
+    layout = Layout(tmp_path / "reward").create()
+    orphan = layout.jobs / "4194304.1-child"  # an owner pid past the kernel's largest: gone
+    orphan.mkdir()
+    fd = os.open(orphan, os.O_RDONLY)
+    for _ in range(1200):  # by descriptor: a path this deep is past what Path.mkdir's recursion takes
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    Layout(tmp_path / "reward").create()  # the next worker's start sweeps it
+    assert not orphan.exists()
+
+
 def test_an_output_published_as_a_fifo_gets_a_verdict_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     verdict = _judge_with(tmp_path, lambda path: os.mkfifo(path))

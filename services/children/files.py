@@ -6,8 +6,19 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tree a child wrote, however deep: ``shutil.rmtree`` recurses once a level and raises
+    ``RecursionError`` (not an ``OSError``, which ``ignore_errors`` covers) past about a thousand, a depth a
+    candidate can make; ``rm -rf`` walks it without recursing. What cannot be removed is left for a later sweep."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True, check=False)
 
 
 def link_tree(source: Path, target: Path) -> None:

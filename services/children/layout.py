@@ -28,11 +28,12 @@ Layout under its root (the reward service's: ``<data_dir>/reward``; ``jobs/`` an
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from services.children.files import remove_tree
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Layout:
         dead one's pid (1, often) but not its start time."""
         for path in [*self.jobs.iterdir(), *self.exchange.iterdir(), *self.build_inboxes.iterdir()]:
             if not _owner_alive(path.name.split("-", 1)[0]):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
 
 
 def owner_tag() -> str:

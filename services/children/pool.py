@@ -13,7 +13,6 @@ import collections
 import json
 import os
 import secrets
-import shutil
 import socket
 import sys
 import threading
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.children.device import DeviceLock
-from services.children.files import link_tree
+from services.children.files import link_tree, remove_tree
 from services.children.layout import Layout, owner_tag
 from services.children.report import AUDIT_LOG, KEY_FIELD, RESULT_FILE, read_result
 from services.config import Settings
@@ -120,7 +119,7 @@ class Child:
             self.exchange.close()
         for path in (self.workdir, self.inbox, self.build_inbox):
             if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_tree(path)
 
 
 class ChildExtras(Protocol):
