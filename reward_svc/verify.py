@@ -315,11 +315,9 @@ class FileComparer:
                 if exc.senders_fault:
                     unreadable = f"the device memory sent for {name} cannot be read: {exc}"[:500]
                     return None, EarlyVerdict(Verdict("rejected", unreadable, guard="output_tampering"))
-                _device_still_works(self.device)
-                return None, _not_read(name, exc)
+                return None, _not_read(self.device, name, exc)
             except Exception as exc:  # memory the driver mapped and torch cannot use: this output's verdict, not the group's
-                _device_still_works(self.device)
-                return None, _not_read(name, exc)
+                return None, _not_read(self.device, name, exc)
         received.close()  # the sender's memory, no longer needed once cloned
         if out is None:
             return None, _out_of_memory(self.device, name)
@@ -422,9 +420,11 @@ def _device_still_works(device: str) -> None:
         unfit.declare(lost)
 
 
-def _not_read(name: str, exc: Exception) -> EarlyVerdict:
+def _not_read(device: str, name: str, exc: Exception) -> EarlyVerdict:
     """An output sent on the device that the judge failed to clone for a reason that is not plainly the
-    sender's (``DeviceExchangeError.senders_fault``): not judged, so it cannot count for the candidate."""
+    sender's (``DeviceExchangeError.senders_fault``): not judged, so it cannot count for the candidate; and
+    the judge's own device checked, as after any failure there that is not the candidate's."""
+    _device_still_works(device)
     return EarlyVerdict(
         Verdict("runtime_error", f"not judged: the judge could not read the device memory sent for {name}: {exc}"[:500])
     )

@@ -243,8 +243,11 @@ def test_a_tree_deeper_than_python_recurses_is_swept_and_a_worker_still_starts(t
         os.close(fd)
         fd = deeper
     os.close(fd)
-    Layout(tmp_path / "reward").create()  # the next worker's start sweeps it
-    assert not orphan.exists()
+    try:
+        Layout(tmp_path / "reward").create()  # the next worker's start sweeps it
+        assert not orphan.exists()
+    finally:  # left behind, it would break pytest's own removal of old temp dirs in later sessions
+        subprocess.run(["rm", "-rf", "--", str(orphan)], check=False)
 
 
 def test_an_output_published_as_a_fifo_gets_a_verdict_at_once(tmp_path: Path) -> None:
