@@ -170,11 +170,11 @@ class Settings(BaseSettings):
         "device memory each.",
     )
     reward_device_exchange: bool = Field(
-        default=False,
+        default=True,
         description="On a GPU, a candidate's outputs of reward_device_exchange_min_bytes or more go from its child to the "
         "judge as descriptors of device memory (services/children/device_exchange.py) instead of files through the host; "
-        "off, every output is a file. Off by default until its throughput run on the GPU is clean "
-        "(benchmarks/results/reward_throughput_h200/NOTES.md).",
+        "off, every output is a file (the way back should the exchange misbehave on a driver; "
+        "benchmarks/results/reward_throughput_h200/NOTES.md has its A/B).",
     )
     reward_device_exchange_min_bytes: int = Field(
         default=64 << 20,
