@@ -1117,7 +1117,8 @@ def looks_constant(ref: torch.Tensor, atol: float, rtol: float) -> bool:
     """Whether allclose at this tolerance would accept a constant (or zeros) for ``ref``."""
     if ref.numel() < 2:
         return False
-    level = float(ref.mean(dtype=torch.promote_types(ref.dtype, torch.float32)))
+    mean = ref.mean(dtype=torch.promote_types(ref.dtype, torch.float32))
+    level = complex(mean) if ref.is_complex() else float(mean)
     return tensors.constant_within_tolerance(ref, atol, rtol, (level, 0.0)) is not None
 
 

@@ -88,6 +88,20 @@ def test_the_hidden_allowance_does_not_accept_a_kernel_wrong_on_negative_inputs(
     assert passed == 0, f"a kernel that skips the ReLU passed the signed case on {passed} of 20 seeds"
 
 
+def test_complex_outputs_are_judged_like_real_ones() -> None:
+    """A complex output (torch.fft's) is compared like a real one: the right values pass, wrong ones fail, and one
+    the tolerance cannot tell from a constant must reproduce the reference's variation. The constant check took
+    float() of a complex mean, which raised, so no complex output could pass."""
+    tol, allowance = verify.Tolerance(), verify.Allowance(sums_cancel=False)
+    ref = torch.fft.fft(torch.randn(4096, generator=torch.Generator().manual_seed(0)))
+    assert verify.compare(ref.clone(), ref, tol, allowance).ok
+    assert not verify.compare(ref * 1.01, ref, tol, allowance).ok
+    flat = torch.full((4096,), 1 + 2j, dtype=torch.complex64)
+    near_constant = flat + 5e-5 * torch.randn(4096, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    assert verify.compare(near_constant.clone(), near_constant, tol, allowance).ok
+    assert not verify.compare(flat, near_constant, tol, allowance).ok
+
+
 def test_the_hidden_allowance_does_not_hide_pytorchs_share_from_the_knockout() -> None:
     """kernel_share on a knockout that falls on a hidden case: were the informative values those above
     the allowance, a forward whose kernel computes exp(10x) where x > 0 and PyTorch the other ~50%

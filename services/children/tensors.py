@@ -157,7 +157,7 @@ def slices(*ts: torch.Tensor) -> Iterator[list[torch.Tensor]]:
         yield [f[start : start + step] for f in flat]
 
 
-def constant_within_tolerance(t: torch.Tensor, atol: float, rtol: float, constants: tuple[float, ...]) -> float | None:
+def constant_within_tolerance(t: torch.Tensor, atol: float, rtol: float, constants: tuple[complex, ...]) -> complex | None:
     """The first of ``constants`` that allclose at this tolerance would accept for every value of ``t``
     (a slice at a time: an output may be gigabytes), or None."""
     compute = torch.promote_types(t.dtype, torch.float32)
