@@ -4,14 +4,18 @@ and build only, artefacts-only publishing, results signed, output files read saf
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from services.children.device import DeviceLock, gpu_lock
 from services.children.layout import Layout
 from services.children.pool import FORGED_RESULT, ChildPool
 from services.children.report import OversizedFile
+from services.children.tensor_files import MAX_DEPTH, MAX_PICKLE_BYTES, ForeignFile
 from services.config import Settings
 from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
@@ -293,6 +298,165 @@ def test_an_output_that_is_not_dense_memory_of_its_own_is_refused_before_it_is_r
     verdict = _judge_with(tmp_path, lambda path: torch.save(NOT_DENSE[kind](), path))
     assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
     assert "unreadable" in verdict.reason
+
+
+def _archive(path: Path, pickled: bytes, records: dict[str, bytes] | None = None) -> None:
+    """A tensor file holding ``pickled`` as its data.pkl, written by torch's own zip writer (as ``save``'s is)."""
+    writer = torch._C.PyTorchFileWriter(str(path))
+    for name, data in {"data.pkl": pickled, "byteorder": sys.byteorder.encode(), **(records or {})}.items():
+        writer.write_record(name, data, len(data))
+    writer.write_end_of_file()
+
+
+def _compressed(record: str, content: bytes) -> Callable[[Path], None]:
+    """A tensor file whose ``record`` is ``content`` deflated and marked so in both of its zip headers: torch's
+    writer stores every record, its reader inflates a deflated one whole."""
+
+    def write(path: Path) -> None:
+        packer = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate, as a zip holds it
+        stream = packer.compress(content) + packer.flush()
+        _archive(path, stream) if record == "data.pkl" else _archive(path, _pickled(None), {record: stream})
+        blob = bytearray(path.read_bytes())
+        at = struct.unpack_from("<Q", blob, len(blob) - 50)[0]  # the directory's offset, in torch's zip64 end record
+        while at < len(blob) - 98:
+            name_len, extra_len, comment_len = struct.unpack_from("<HHH", blob, at + 28)
+            if blob[at + 46 : at + 46 + name_len].endswith(f"/{record}".encode()):
+                local = struct.unpack_from("<I", blob, at + 42)[0]
+                for method_at in (at + 10, local + 8):  # in the central entry, in the local header: method to sizes
+                    struct.pack_into("<HHHIII", blob, method_at, 8, 0, 0, zlib.crc32(content), len(stream), len(content))
+            at += 46 + name_len + extra_len + comment_len
+        path.write_bytes(blob)
+
+    return write
+
+
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=2)
+
+
+def _shared_lists(n: int) -> bytes:
+    """``[x, x]`` nested ``n`` times, the second ``x`` fetched from the pickle's memo each time: 2**n paths."""
+    pickled = pickle.PROTO + b"\x02" + pickle.EMPTY_LIST + pickle.BINPUT + b"\x00"
+    for level in range(1, n + 1):
+        inner = pickle.BINGET + bytes([level - 1])
+        pickled += pickle.EMPTY_LIST + pickle.MARK + inner + inner + pickle.APPENDS + pickle.BINPUT + bytes([level])
+    return pickled + pickle.STOP
+
+
+def _call(module: str, name: str, *args: bytes) -> bytes:
+    """A pickle calling ``module.name`` with the pickled ``args``."""
+    return (
+        pickle.PROTO
+        + b"\x02"
+        + pickle.GLOBAL
+        + f"{module}\n{name}\n".encode()
+        + pickle.MARK
+        + b"".join(args)
+        + pickle.TUPLE
+        + pickle.REDUCE
+        + pickle.STOP
+    )
+
+
+def _argument(value: Any) -> bytes:
+    return _pickled(value)[2:-1]  # its opcodes alone, without PROTO and STOP
+
+
+def _walk_steps(obj: Any, seen: dict[int, int] | None = None) -> int:
+    """The steps a walk of ``obj``'s lists (``tensors.map_tensors``) takes, counted without taking them."""
+    seen = {} if seen is None else seen
+    if id(obj) not in seen:
+        seen[id(obj)] = 1 + sum(_walk_steps(item, seen) for item in obj) if isinstance(obj, list) else 1
+    return seen[id(obj)]
+
+
+def _foreign_byte_order(path: Path) -> None:
+    """``save``'s file of one tensor, its byte order marked as the other one."""
+    tensors.save(path, torch.arange(4, dtype=torch.int32))
+    reader = torch._C.PyTorchFileReader(str(path))
+    records = {"data/0": reader.get_record("data/0"), "byteorder": b"big" if sys.byteorder == "little" else b"little"}
+    _archive(path, reader.get_record("data.pkl"), records)
+
+
+def _writes(pickled: bytes) -> Callable[[Path], None]:
+    return lambda path: _archive(path, pickled)
+
+
+def _loaded(path: Path) -> Any:
+    return torch.load(path, weights_only=True)
+
+
+def _too_deep_to_walk(path: Path) -> bool:
+    with pytest.raises(RecursionError):
+        tensors.tensors_in(_loaded(path))
+    return True
+
+
+NESTED = pickle.PROTO + b"\x02" + pickle.EMPTY_LIST * 10_000 + pickle.APPEND * 9_999 + pickle.STOP
+# Each: how to write a file of a few KiB that plain ``torch.load(weights_only=True)`` reads, and what reading it costs.
+COSTLY: dict[str, tuple[Callable[[Path], None], Callable[[Path], bool]]] = {
+    "lists shared through the memo: 2**20 paths, each level doubling them for 5 bytes": (
+        _writes(_shared_lists(20)),
+        lambda path: _walk_steps(_loaded(path)) == 2**21 - 1,
+    ),
+    "a bytearray: 16 MiB from a few bytes": (
+        _writes(_call("builtins", "bytearray", _argument(16 << 20))),
+        lambda path: len(_loaded(path)) == 16 << 20,
+    ),
+    "punycode: quadratic in its length": (
+        _writes(_call("_codecs", "encode", _argument("\u0100" * 2000), _argument("punycode"))),
+        lambda path: isinstance(_loaded(path), bytes),
+    ),
+    "a deflated data.pkl: 16 MiB in a few KiB": (
+        _compressed("data.pkl", _pickled("x" * (16 << 20))),
+        lambda path: len(_loaded(path)) == 16 << 20 and path.stat().st_size < 64 << 10,
+    ),
+    "a deflated version record, inflated as torch's reader opens the file": (
+        _compressed("version", b"3" + b" " * (16 << 20)),
+        lambda path: len(torch._C.PyTorchFileReader(str(path)).get_record("version")) > 16 << 20,
+    ),
+    "lists 10,000 deep": (_writes(NESTED), _too_deep_to_walk),
+    "a foreign byte order: each storage swapped in place, its mapping copied page by page": (
+        _foreign_byte_order,
+        lambda path: not torch.equal(_loaded(path), torch.arange(4, dtype=torch.int32)),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COSTLY))
+def test_a_costly_output_file_plain_torch_load_reads_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """``weights_only`` keeps a file's code out, not its cost: each of these is read by plain ``torch.load``, at
+    the cost shown (in the judge's process, before ``load``'s own checks ran); the judge refuses each as a file
+    ``save`` never writes, before torch reads it, within seconds."""
+    write, costs = COSTLY[kind]
+    write(tmp_path / "plain.pt")
+    assert costs(tmp_path / "plain.pt")
+    started = time.monotonic()
+    verdict = _judge_with(tmp_path, write)
+    assert time.monotonic() - started < 5
+    assert verdict.status == "rejected" and verdict.guard == "output_tampering", verdict.reason
+    assert "unreadable (ForeignFile)" in verdict.reason
+    with pytest.raises(ForeignFile):
+        tensors.load(tmp_path / "plain.pt")
+
+
+NOT_SAVED = {  # refused for what save never writes, whatever they would cost
+    "a storage class outside a persistent id": _pickled([torch.FloatStorage]),
+    "a storage class called": _call("torch", "FloatStorage"),
+    "a set": _pickled({1, 2}),
+    "bytes": _pickled(b"bytes"),
+    "a tuple held twice": _pickled((lambda t: [t, t])((1, 2))),
+    f"lists {MAX_DEPTH + 1} deep": _pickled(functools.reduce(lambda inner, _: [inner], range(MAX_DEPTH), [])),
+    "a data.pkl over the limit": _pickled("x" * MAX_PICKLE_BYTES),
+    "a pickle that stops short": _pickled([1, 2])[:-1],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_SAVED))
+def test_a_file_save_never_writes_is_refused(tmp_path: Path, kind: str) -> None:
+    _archive(tmp_path / "output.pt", NOT_SAVED[kind])
+    with pytest.raises(ForeignFile):
+        tensors.load(tmp_path / "output.pt")
 
 
 def test_an_output_read_while_its_child_runs_is_the_judges_own_copy(tmp_path: Path) -> None:

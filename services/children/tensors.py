@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from services.children import tensor_files
+
 # The tolerance a candidate's output is held to (KernelBench's), atol and rtol alike. The reward
 # service judges with it; the Proposer rejects tasks whose outputs it cannot tell from a constant.
 DEFAULT_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -263,7 +265,10 @@ def load(path: Path, device: str = "cpu", *, mmap: bool = True) -> Any:
     process), and expanded ones whatever their size (a 1-KB file that reads as a 4-GiB tensor, which a
     contiguous copy then allocates). Sparse invariants are checked as they load, and the rest is refused
     before anything reads a byte. The harness never writes either: it saves each tensor's own storage,
-    compacted (``save``)."""
+    compacted (``save``). Before torch reads the file at all, it must be one ``save`` could have written
+    (``tensor_files.check``, ``ForeignFile`` otherwise): a few KiB of zip or pickle can cost ``torch.load``
+    unbounded memory or time."""
+    tensor_files.check(path)
     with torch.sparse.check_sparse_tensor_invariants():
         loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     for t in tensors_in(loaded):
