@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from services.children import tensors
+from services.children import tensor_files, tensors
 from services.children.tensor_files import MAX_DEPTH
 
 
@@ -89,6 +91,26 @@ def test_whatever_save_writes_loads_back_as_it_was(tmp_path: Path, kind: str) ->
 
     assert described(loaded) == described(saved)
     assert tensors.fingerprint(loaded, 7) == tensors.fingerprint(saved, 7)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        pytest.param(lambda: [torch.randn(2), 1 + 2j], "names '__builtin__ complex'", id="a Python complex"),
+        pytest.param(lambda: [torch.randn(2), torch.device("cpu")], "names 'torch device'", id="a device"),
+        pytest.param(lambda: [torch.randn(1) for _ in range(3000)], "data.pkl' is", id="thousands of tensors"),
+        pytest.param(
+            lambda: functools.reduce(lambda inner, _: [inner], range(MAX_DEPTH), [torch.randn(1)]),
+            "deep",
+            id="lists past the depth",
+        ),
+    ],
+)
+def test_what_load_would_refuse_fails_where_it_is_saved(tmp_path: Path, value: Callable[[], Any], why: str) -> None:
+    """A reference's input or output the judge would refuse fails as its harness saves it, saying why (the
+    reference's error, not every candidate's)."""
+    with pytest.raises(tensor_files.ForeignFile, match=f"out.pt holds what the judge does not read: .*{re.escape(why)}"):
+        tensors.save(tmp_path / "out.pt", value())
 
 
 def test_the_judge_reads_case_0_expected_once_for_its_three_comparisons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -184,10 +184,16 @@ def plain(obj: Any) -> Any:
 
 def save(path: Path, obj: Any) -> None:
     """Host tensors are written as they are (no snapshot copy: the caller's object is final), views
-    compacted (torch.save writes a view's whole storage), and without the zip records' CRC-32."""
+    compacted (torch.save writes a view's whole storage), and without the zip records' CRC-32. A file
+    ``load`` would refuse (``tensor_files``: a value of another kind, thousands of tensors) fails here, where
+    its writer learns why, not later as a judge's refusal."""
     on_host = map_tensors(obj, lambda t: _compact(_to_host(t)))
     with _no_checksums():
         torch.save(plain(on_host), path)
+    try:
+        tensor_files.check(path)
+    except tensor_files.ForeignFile as exc:
+        raise tensor_files.ForeignFile(f"{path.name} holds what the judge does not read: {exc}") from exc
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
