@@ -20,12 +20,20 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
-from reward_svc.protocol import CandidateResult, CandidateSpec, ReferenceResult, ReferenceSpec
+from reward_svc.protocol import (
+    CandidateResult,
+    CandidateSpec,
+    ReferenceResult,
+    ReferenceSpec,
+    RefusedResult,
+    candidate_result,
+    reference_result,
+)
 from reward_svc.redact import Redactor
 from reward_svc.shared_builds import HARNESS_CHILD, SharedBuilds
 from services.children.device import gpu_lock, likely_device, resolve_device
@@ -266,7 +274,7 @@ class Evaluator:
                 started = time.perf_counter()
                 with self.device_users.use() as seen:
                     outcome, answer = ref_child.run(ref_spec, wall_timeout_s=options.timeout_s)
-            ref_result = cast(ReferenceResult | None, answer)
+            ref_result = None if answer is None else _checked_reference(answer, options.trials)
             reference_s = time.perf_counter() - started
             # a child the OOM killer ended is short of memory like one that ran out of device memory
             status = ref_result.get("status") if ref_result else ("out_of_memory" if outcome.killed_for_memory else None)
@@ -398,7 +406,7 @@ class Evaluator:
             sent = child.exchange if "device_exchange_min_bytes" in spec else None  # outputs on the device: on its socket
             with OutputStream(compare_files, files, at_once=self.settings.reward_outputs_in_flight, exchange=sent):
                 outcome, answer = child.run(spec, wall_timeout_s=options.timeout_s)
-            result = cast(CandidateResult | None, answer)
+            result = None if answer is None else _checked_candidate(answer)
             candidate_s = time.perf_counter() - started
             if result is None:
                 details: dict[str, Any] = {"stderr_tail": outcome.stderr[-2000:].decode(errors="replace")}
@@ -439,6 +447,24 @@ class Evaluator:
             return verdict
         finally:
             child.discard()
+
+
+def _checked_candidate(answer: dict[str, Any]) -> CandidateResult:
+    """The candidate child's result as its contract has it; one the contract refuses is that candidate's runtime
+    error (the judge and the verdict's redaction rely on the contract's types)."""
+    try:
+        return candidate_result(answer)
+    except RefusedResult as refused:
+        return {"status": "runtime_error", "reason": f"the candidate's harness wrote a result the schema refuses: {refused}"}
+
+
+def _checked_reference(answer: dict[str, Any], trials: int) -> ReferenceResult:
+    """The reference child's result as its contract has it; one the contract refuses is the reference's runtime
+    error, which every candidate of its group gets."""
+    try:
+        return reference_result(answer, trials)
+    except RefusedResult as refused:
+        return {"status": "runtime_error", "reason": f"the reference's harness wrote a result the schema refuses: {refused}"}
 
 
 def reported_builds(reported: object) -> list[dict[str, Any]]:

@@ -3,12 +3,18 @@
 One definition both sides import (``evaluate.py`` writes the specs and reads the results, the
 harness in ``harness/`` reads the specs and writes the results, ``verify.py`` judges from them), so a
 key misspelt on either side is a type error. The results are data from a process that ran untrusted
-code: the judge checks what it relies on (``verify.judge``), whatever these types promise.
+code, signed or not: the worker holds them to these types before anything reads them (``candidate_result``,
+``reference_result``), and the judge checks what it relies on beyond their types (``verify.judge``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
+import functools
+import json
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic validates typing's own TypedDict only from Python 3.12
 
 from services.children.device import DeviceLockDescriptors
 
@@ -20,6 +26,10 @@ if TYPE_CHECKING:  # both modules import torch, which the services and the CLI l
 # values (which case is the worker's secret), "recall" runs it once more after its clean run (the refresh),
 # so an answer remembered from an earlier call shows through.
 KNOCKOUTS = ("knockout", "recall")
+# A child's result as JSON, at most (``candidate_result``): an honest one is a few KiB, past a MiB only where the
+# reference returns thousands of tensors (the candidate's fingerprints: about 20 bytes a tensor, per output file).
+RESULT_MAX_BYTES = 4 << 20
+REFUSAL_MAX_CHARS = 300
 
 
 class _JobSpec(TypedDict):
@@ -77,12 +87,20 @@ class ReferenceResult(TypedDict, total=False):
     # one, and a fresh draw of get_inputs()' own against case 0: the task cannot tell a kernel that
     # computes its answer from one that remembers it
     input_independent: bool
-    outputs: list[dict[str, Any]]
+    outputs: list[OutputDescription]  # per case
     phases: dict[str, float]
     timing: Timing
     timing_compiled: Timing
     memory_retries: int
     device_peak_bytes: int  # the allocator's peak on the GPU: what the group's candidates reserve is sized from it
+
+
+class OutputDescription(TypedDict):
+    """What one case's expected output holds."""
+
+    tensors: int
+    shapes: list[list[int]]
+    dtypes: list[str]
 
 
 class Observations(TypedDict, total=False):
@@ -122,8 +140,64 @@ class CandidateResult(TypedDict, total=False):
     observations: Observations
     phases: dict[str, float]
     trial_holds: dict[str, float]  # its ``trials`` phase by what ran in the holds (``HoldSplit``): diagnostics only
-    builds: list[dict[str, Any]]  # its load_inline builds (``compile.CompileEntry``: tiers, seconds): diagnostics only
+    builds: list[dict[str, str | float | bool]]  # its load_inline builds (``compile.CompileEntry``'s fields): diagnostics only
     output_fingerprints: dict[str, list[int]]
     timing: Timing
     device_peak_bytes: int  # reported beside the worker's estimate (reward_svc/admission.py); never trusted
     device_exchange_fallback: str  # why outputs went as files with the device exchange on: diagnostics only
+
+
+class RefusedResult(ValueError):
+    """A child's result that is not what its contract says, though signed: native code in the child can sign
+    anything. The message says what is wrong, in a line."""
+
+
+_Contract = TypeVar("_Contract", CandidateResult, ReferenceResult)
+
+
+def candidate_result(answer: dict[str, Any]) -> CandidateResult:
+    """A candidate child's result as ``CandidateResult`` has it, or ``RefusedResult``."""
+    return _checked(_adapters()[0], answer)
+
+
+def reference_result(answer: dict[str, Any], trials: int) -> ReferenceResult:
+    """A reference child's result as ``ReferenceResult`` has it, with 1 to ``trials`` cases where it is ok (every
+    candidate's trials, knockout pick and files follow from them), or ``RefusedResult``. A reference is untrusted
+    code too: a proposed module, or any caller's."""
+    result = _checked(_adapters()[1], answer)
+    cases = result.get("cases")
+    if result.get("status") == "ok" and not (cases is not None and 0 < cases <= trials):
+        raise RefusedResult(f"cases: {cases} where 1 to {trials} were asked")
+    return result
+
+
+def _checked(adapter: TypeAdapter[_Contract], answer: dict[str, Any]) -> _Contract:
+    """Strictly: each value of its field's type (no "3" for 3), no key the contract does not name (where a forged
+    nesting could hide), and at most ``RESULT_MAX_BYTES`` as JSON. No field is typed Any, so what passes is as
+    deep as the contract and no deeper."""
+    try:
+        checked = adapter.validate_python(answer, strict=True, extra="forbid")
+    except ValidationError as exc:
+        raise RefusedResult(_first_error(exc)) from None
+    size = len(json.dumps(checked))
+    if size > RESULT_MAX_BYTES:
+        raise RefusedResult(f"{size} bytes as JSON, at most {RESULT_MAX_BYTES}")
+    return checked
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Where and what, of the first error (the input itself left out: it is the child's, of any size)."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    where = ".".join(str(part) for part in errors[0]["loc"]) or "the result"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {errors[0]['msg']}{more}"[:REFUSAL_MAX_CHARS]
+
+
+@functools.cache
+def _adapters() -> tuple[TypeAdapter[CandidateResult], TypeAdapter[ReferenceResult]]:
+    """Built where a result is first checked: pydantic resolves the names the contracts' annotations use from
+    this frame, ``Timing`` and ``Work`` among them (their modules load torch, which a service only loads to judge)."""
+    from services.children.ops import Work  # noqa: F401
+    from services.children.timing import Timing  # noqa: F401
+
+    return TypeAdapter(CandidateResult), TypeAdapter(ReferenceResult)

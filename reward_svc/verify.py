@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
+import structlog
 import torch
 
 from reward_svc.protocol import KNOCKOUTS, CandidateResult, KnockoutObservations, Observations, ReferenceResult
@@ -30,6 +31,8 @@ from services.children.report import OversizedFile, open_regular
 from services.children.timing import Timing
 from services.queue import unfit
 from services.schemas.reward import GUARDS, Guard, Verdict
+
+log = structlog.get_logger(__name__)
 
 # A correct output must reproduce the reference's variation, not just its level: relative L2
 # error of the mean-centred output. Applied where a constant or zero output would pass allclose.
@@ -385,8 +388,16 @@ class FileComparer:
     def _compare_on(self, device: str, name: str, out: Any, expected_path: Path, allowance: Allowance | None) -> Judged:
         seen = None
         try:
-            # The copies before the hold: a transfer is not kernels' work, and a waiting timing would drain behind it.
-            out, expected = tensors.to_device(out, device), self._expected_on(device, expected_path)
+            expected = self._expected_on(device, expected_path)
+            differs = _kinds_differ(tensors.tensors_in(out), tensors.tensors_in(expected))
+            if differs is not None and tensors.nbytes(out) > expected_path.stat().st_size + OUTPUT_SLACK_BYTES:
+                # Its tensors share storages past what its file could hold: copying and fingerprinting each would
+                # cost the judge what the file never held (N full-size views of one storage: N times). Not the
+                # reference's tensors, no value of it is compared anyway: it ends here, as one sent on the device
+                # does, never as a comparison an unchecked file could pass a knockout with.
+                return None, EarlyVerdict(Verdict("incorrect", f"{name}: {differs.why}"))
+            # The copy before the hold: a transfer is not kernels' work, and a waiting timing would drain behind it.
+            out = tensors.to_device(out, device)
             with contextlib.nullcontext() if device == "cpu" else self.lock():
                 seen = tensors.fingerprint(out, self.key) if self.key is not None else None
                 return seen, compare(out, expected, self.tolerance, allowance)
@@ -476,11 +487,14 @@ def case_allowances(ref_result: ReferenceResult) -> list[Allowance]:
     """Per case, what its comparison allows beyond the tolerance (``Allowance``), from what the
     reference measured and did there."""
     cases = ref_result["cases"]
-    noise = ref_result.get("rounding_noise") or [None] * cases
-    distributions = ref_result.get("distributions") or ["native"] * cases
+    # each list as long as the cases where the reference's harness wrote it (its result is the child's word)
+    noise = ref_result.get("rounding_noise") or []
+    distributions = ref_result.get("distributions") or []
     families = [set(work["families"]) for work in ref_result.get("work_per_case") or []]
+    noise_of = [noise[case] if case < len(noise) else None for case in range(cases)]
+    hidden = [distributions[case] != "native" if case < len(distributions) else False for case in range(cases)]
     sums = [bool(SUMMING_FAMILIES & families[case]) if case < len(families) else False for case in range(cases)]
-    return [Allowance(noise[case], sums_cancel=distributions[case] != "native" and sums[case]) for case in range(cases)]
+    return [Allowance(noise_of[case], sums_cancel=hidden[case] and sums[case]) for case in range(cases)]
 
 
 class OutputStream:
@@ -585,7 +599,26 @@ def judge(
     audit: list[str] | None = None,
 ) -> Verdict:
     """The verdict on one candidate; ``audit``: what its child's audit hook refused, read by the worker
-    from the audit log (the child's result cannot leave it out)."""
+    from the audit log (the child's result cannot leave it out). Whatever judging it raises is its own
+    ``runtime_error``, never paid, and never its group's failure; only a process unfit to judge on (its device's
+    context lost) goes on up (``unfit``)."""
+    try:
+        return _verdict(ref_result, cand_result, files, compare_files, audit)
+    except unfit.ProcessUnfit:
+        raise
+    except Exception as exc:  # what no check foresaw: a judge bug, or a value the contract allows that the child chose
+        log.exception("judge.failed", error=type(exc).__name__)
+        _device_still_works(compare_files.device)
+        return Verdict("runtime_error", f"not judged: the judge failed on this candidate's result ({type(exc).__name__})")
+
+
+def _verdict(
+    ref_result: ReferenceResult,
+    cand_result: CandidateResult,
+    files: TrialFiles,
+    compare_files: FileComparer,
+    audit: list[str] | None,
+) -> Verdict:
     status = cand_result.get("status")
     observations = cand_result.get("observations", {})
     if not isinstance(observations, dict):

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from reward_svc.protocol import ReferenceResult, ReferenceSpec
+from reward_svc.protocol import OutputDescription, ReferenceResult, ReferenceSpec
 from services.children import tensors
 from services.children.device import DeviceLockDescriptors
 from services.children.loading import import_file
@@ -55,7 +55,7 @@ def _run_reference(spec: ReferenceSpec, workdir: Path) -> ReferenceResult:
     recorder = OpRecorder()
     work_per_case: list[Work] = []
     distributions: list[str] = []
-    outputs_meta = []
+    outputs_meta: list[OutputDescription] = []
     output_bytes = files_bytes = 0
     noise: list[list[float] | None] = []  # per case: the judge holds each trial to its own case's noise
     copying: list[list[str]] = []  # per case: its compute ops that acted as a copy on its values
@@ -330,6 +330,6 @@ def _time_reference(model: torch.nn.Module, exchange: Path, cases: int, spec: Re
     return timings
 
 
-def _describe(output: Any) -> dict[str, Any]:
+def _describe(output: Any) -> OutputDescription:
     ts = tensors.tensors_in(output)
     return {"tensors": len(ts), "shapes": [list(t.shape) for t in ts], "dtypes": [str(t.dtype) for t in ts]}

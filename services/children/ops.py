@@ -14,11 +14,12 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from typing_extensions import TypedDict  # pydantic validates it (reward_svc.protocol): typing's from Python 3.12 only
 
 from services.children import tensors
 

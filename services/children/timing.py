@@ -25,9 +25,10 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
+from typing_extensions import TypedDict  # pydantic validates it (reward_svc.protocol): typing's from Python 3.12 only
 
 from services.children.ops import Work
 
