@@ -112,8 +112,8 @@ def _load_output(path: Path, max_bytes: int, *, private: bool) -> Any:
     mapping of it), then mapped; otherwise the child is gone and its file is mapped."""
     fd = open_regular(path, max_bytes)
     try:
-        if not private:
-            return tensors.load(path)
+        if not private:  # the checked file itself, not whatever the path names by the time torch opens it
+            return tensors.load(Path(f"/proc/self/fd/{fd}"))
         with _private_copy(fd, max_bytes, path) as copy:
             return tensors.load(copy)
     finally:

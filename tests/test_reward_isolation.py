@@ -32,7 +32,7 @@ from services.children.device import DeviceLock, gpu_lock
 from services.children.layout import Layout
 from services.children.pool import FORGED_RESULT, ChildPool
 from services.children.report import OversizedFile
-from services.children.tensor_files import MAX_DEPTH, MAX_PICKLE_BYTES, ForeignFile
+from services.children.tensor_files import MAX_DEPTH, MAX_DIMS, MAX_PICKLE_BYTES, MAX_TENSORS, ForeignFile
 from services.config import Settings
 from services.sandbox import run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
@@ -455,6 +455,22 @@ NOT_SAVED = {  # refused for what save never writes, whatever they would cost
 @pytest.mark.parametrize("kind", sorted(NOT_SAVED))
 def test_a_file_save_never_writes_is_refused(tmp_path: Path, kind: str) -> None:
     _archive(tmp_path / "output.pt", NOT_SAVED[kind])
+    with pytest.raises(ForeignFile):
+        tensors.load(tmp_path / "output.pt")
+
+
+PAST_THE_BOUNDS = {  # torch.save writes these; the judge's work on each grows with what the file holds, not its size
+    f"a tensor of {MAX_DIMS + 1} dims (a contiguous copy costs dims squared)": lambda: torch.empty((1,) * (MAX_DIMS + 1)),
+    f"one tensor {MAX_TENSORS + 1} times (2 bytes each in the pickle, a fingerprint each)": lambda: (
+        [torch.ones(1)] * (MAX_TENSORS + 1)
+    ),
+    "a tensor keying a dict (no check looks at keys)": lambda: {torch.ones(1): 1},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PAST_THE_BOUNDS))
+def test_a_file_past_the_judges_bounds_is_refused(tmp_path: Path, kind: str) -> None:
+    torch.save(PAST_THE_BOUNDS[kind](), tmp_path / "output.pt")
     with pytest.raises(ForeignFile):
         tensors.load(tmp_path / "output.pt")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from services.children import tensor_files, tensors
-from services.children.tensor_files import MAX_DEPTH
+from services.children.tensor_files import MAX_DEPTH, MAX_DIMS
 
 
 def test_named_tuple_outputs_load_under_weights_only(tmp_path: Path) -> None:
@@ -75,6 +75,7 @@ EVERY_SAVE = {  # what a reference's outputs and a case's inputs may be, as save
     ],
     "nested to the limit": lambda: functools.reduce(lambda inner, _: [inner], range(MAX_DEPTH - 1), [torch.randn(1)]),
     "800 tensors": lambda: [torch.randn(1) for _ in range(800)],
+    f"{MAX_DIMS} dims": lambda: torch.randn((1,) * MAX_DIMS),
 }
 
 

@@ -21,6 +21,10 @@ MAX_PICKLE_BYTES = 64 << 10  # ``save``'s of ~900 tensors; unpickled in 0.3 s at
 MAX_RECORDS = 4096  # torch's six records and one per storage: more storages than a pickle of that size can name
 MAX_DIRECTORY_BYTES = MAX_RECORDS * 512  # an entry is its name and zip64 sizes: about a hundred bytes
 MAX_DEPTH = 32  # containers in containers: an output, or a case's inputs, nests a few deep
+# Each tensor costs the judge its dims squared (a contiguous copy's strides) however few its bytes, and a tensor
+# fetched again from the memo costs the pickle 2 bytes: bounds on both keep the judge's work the file's size.
+MAX_DIMS = 64
+MAX_TENSORS = 1024
 
 
 class ForeignFile(ValueError):
@@ -152,6 +156,7 @@ class _Scan:
         self.stack: list[_Value] = []
         self.marks: list[int] = []  # where on the stack each open MARK is
         self.memo: dict[int, _Value] = {}
+        self.tensors = 0  # built or fetched again
 
     def step(self, name: str, arg: Any) -> None:
         if name in _SCALARS:
@@ -172,7 +177,7 @@ class _Scan:
             items = self.to_mark() if name.endswith("S") else self.pop(2 if name == "SETITEM" else 1)
             self.stack.append(_filled(self.pop(1)[0], "list" if name.startswith("APPEND") else "dict", items))
         elif name == "REDUCE":
-            self.stack.append(_called(*self.pop(2)))
+            self.stack.append(self.counted(_called(*self.pop(2))))
         elif name == "BINPERSID":
             if self.pop(1)[0].kind != "pid":
                 raise ForeignFile("its pickle loads a storage by something other than save's persistent id")
@@ -181,9 +186,16 @@ class _Scan:
             self.memo[arg] = self.pop(1)[0]
             self.stack.append(self.memo[arg])
         elif name in ("BINGET", "LONG_BINGET"):
-            self.stack.append(_fetched(self.memo, arg))
+            self.stack.append(self.counted(_fetched(self.memo, arg)))
         elif name != "PROTO":
             raise ForeignFile(f"its pickle has a {name} opcode")
+
+    def counted(self, value: _Value) -> _Value:
+        if value.kind == "tensor":
+            self.tensors += 1
+            if self.tensors > MAX_TENSORS:
+                raise ForeignFile(f"its pickle holds more than {MAX_TENSORS} tensors")
+        return value
 
     def pop(self, n: int) -> list[_Value]:
         """The top ``n`` values, none of them below the last mark."""
@@ -221,6 +233,11 @@ def _tuple(items: list[_Value]) -> _Value:
         return _Value("pid")
     if 6 <= len(kinds) <= 8 and kinds[0] == "storage" and kinds[5] == "hooks":
         _nested("tensor's arguments", items[1:5] + items[6:])
+        size, stride = items[2], items[3]
+        if (size.kind, stride.kind) != ("tuple", "tuple") or size.length != stride.length or size.length > MAX_DIMS:
+            raise ForeignFile(
+                f"its pickle builds a tensor of {size.length} sizes and {stride.length} strides, at most {MAX_DIMS}"
+            )
         return _Value("args")
     return _nested("tuple", items)
 
@@ -228,6 +245,8 @@ def _tuple(items: list[_Value]) -> _Value:
 def _filled(container: _Value, kind: str, items: list[_Value]) -> _Value:
     if container.kind != kind or (kind == "dict" and len(items) % 2):
         raise ForeignFile(f"its pickle adds to a {container.kind} as to a {kind}")
+    if kind == "dict" and any(key.kind not in ("str", "scalar") for key in items[::2]):
+        raise ForeignFile("its pickle keys a dict by other than a string or a number")  # a key load never looks into
     return _nested(kind, items, container.depth, container.length)
 
 

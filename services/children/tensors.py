@@ -220,8 +220,11 @@ def fingerprint(obj: Any, key: int) -> list[int]:
     from the file. The words, laid out as rows of 2**16, are summed as ``a^T X b`` with keyed random
     vectors ``a`` and ``b``: a bilinear form no change to the bytes keeps without knowing them (a
     sum over position-periodic or additive weights would let swaps or rectangles through).
-    Arithmetic wraps modulo 2**64, so neither the device nor the order of summation changes it."""
-    return [_fingerprint_tensor(t, key) for t in tensors_in(obj)]
+    Arithmetic wraps modulo 2**64, so neither the device nor the order of summation changes it. A tensor met
+    twice (returned twice, or fetched twice from a file's pickle memo) is summed once."""
+    found = tensors_in(obj)
+    summed = {id(t): _fingerprint_tensor(t, key) for t in {id(t): t for t in found}.values()}
+    return [summed[id(t)] for t in found]
 
 
 @functools.lru_cache(maxsize=16)  # the refresh replay fingerprints every op's output under one key
