@@ -38,7 +38,7 @@ from reward_svc.redact import Redactor
 from reward_svc.shared_builds import HARNESS_CHILD, SharedBuilds
 from services.children.device import gpu_lock, likely_device, resolve_device
 from services.children.layout import Layout
-from services.children.pool import Child, ChildPool, PoolClosed
+from services.children.pool import FORGED_RESULT, Child, ChildPool, PoolClosed
 from services.config import Settings, get_settings
 from services.sandbox import SandboxResult
 from services.schemas.reward import ScoreOptions, Verdict
@@ -461,6 +461,8 @@ def _checked_candidate(answer: dict[str, Any]) -> CandidateResult:
 def _checked_reference(answer: dict[str, Any], trials: int) -> ReferenceResult:
     """The reference child's result as its contract has it; one the contract refuses is the reference's runtime
     error, which every candidate of its group gets."""
+    if answer == FORGED_RESULT:  # the pool's stand-in for a result its harness did not sign: say so
+        return {"status": "runtime_error", "reason": f"the reference's {FORGED_RESULT['reason'].removeprefix('the ')}"}
     try:
         return reference_result(answer, trials)
     except RefusedResult as refused:

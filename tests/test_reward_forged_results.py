@@ -19,7 +19,7 @@ from reward_svc import verify
 from reward_svc.evaluate import Evaluator
 from reward_svc.protocol import RESULT_MAX_BYTES, candidate_result
 from services.children import tensors
-from services.children.pool import Child
+from services.children.pool import FORGED_RESULT, Child
 from services.queue import unfit
 from services.queue.unfit import ProcessUnfit
 from services.schemas.reward import ScoreOptions, Verdict
@@ -83,18 +83,30 @@ def test_a_forged_result_is_its_candidates_runtime_error_and_its_group_keeps_its
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("forge", "why"),
+    [
+        pytest.param(
+            lambda answer: {**answer, "cases": "3"},
+            "the reference's harness wrote a result the schema refuses: cases",
+            id="cases",
+        ),
+        pytest.param(
+            lambda answer: dict(FORGED_RESULT), "the reference's child's result is not the one its harness wrote", id="unsigned"
+        ),
+    ],
+)
 def test_a_forged_reference_result_is_every_candidates_runtime_error(
-    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
+    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch, forge: Callable[[dict[str, Any]], dict[str, Any]], why: str
 ) -> None:
     """A reference module runs in its child as a candidate does (proposed, or any caller's): a result with its
-    cases as a string failed the group's job; now each candidate is told the reference could not be evaluated."""
-    _forging(monkeypatch, lambda spec, answer: {**answer, "cases": "3"} if spec["role"] == "reference" else answer)
+    cases as a string failed the group's job; now each candidate is told the reference could not be evaluated,
+    and why (an unsigned result, the pool's stand-in, says so rather than how the stand-in fails the schema)."""
+    _forging(monkeypatch, lambda spec, answer: forge(answer) if spec["role"] == "reference" else answer)
     verdicts = evaluator.evaluate_group(RELU_REFERENCE, [CORRECT, CORRECT], CPU).verdicts
     for verdict in verdicts:
         assert verdict.status == "runtime_error", verdict.reason
-        assert verdict.reason.startswith(
-            "the reference could not be evaluated: the reference's harness wrote a result the schema refuses: cases"
-        ), verdict.reason
+        assert verdict.reason.startswith(f"the reference could not be evaluated: {why}"), verdict.reason
 
 
 def _copied_output(tmp_path: Path) -> tuple[verify.TrialFiles, verify.FileComparer]:
