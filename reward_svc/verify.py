@@ -486,15 +486,17 @@ class TrialFiles:
 def case_allowances(ref_result: ReferenceResult) -> list[Allowance]:
     """Per case, what its comparison allows beyond the tolerance (``Allowance``), from what the
     reference measured and did there."""
-    cases = ref_result["cases"]
     # each list as long as the cases where the reference's harness wrote it (its result is the child's word)
     noise = ref_result.get("rounding_noise") or []
     distributions = ref_result.get("distributions") or []
     families = [set(work["families"]) for work in ref_result.get("work_per_case") or []]
-    noise_of = [noise[case] if case < len(noise) else None for case in range(cases)]
-    hidden = [distributions[case] != "native" if case < len(distributions) else False for case in range(cases)]
-    sums = [bool(SUMMING_FAMILIES & families[case]) if case < len(families) else False for case in range(cases)]
-    return [Allowance(noise_of[case], sums_cancel=hidden[case] and sums[case]) for case in range(cases)]
+
+    def allowance(case: int) -> Allowance:
+        hidden = case < len(distributions) and distributions[case] != "native"
+        sums = case < len(families) and bool(SUMMING_FAMILIES & families[case])
+        return Allowance(noise[case] if case < len(noise) else None, sums_cancel=hidden and sums)
+
+    return [allowance(case) for case in range(ref_result["cases"])]
 
 
 class OutputStream:
