@@ -33,6 +33,8 @@
 #                  torch.profiler (device time by kernel against the phases); PREFIXES comma-separated (default 14_,16_)
 #   timing_noise[:SECONDS]  benchmarks/timing_noise.py: a ReLU's and 10_'s and 14_'s reference timings sampled on a quiet host,
 #                  under CPU load, beside fresh children's warm-ups, and both; the spread and where each stop rule ends
+#   memory_noise[:SECONDS]  timing_noise.py on 100_ConvTranspose3d's reference (3.5 GB output): quiet, then with another
+#                  process holding all but each of $FREE_GIB (default "40 12 8") GiB of device memory
 #   loop[:ROUNDS]  benchmarks/loop_gpu.sh: the loop's rounds through `kernelzero up` (needs gpu_wheels.sh --trainer)
 # Environment: KB (KernelBench checkout, default .device), SEED (exchange_ab's, default 1), CANDIDATES (default $KB/cands_l2, made by
 # `kernelbench_throughput.py prepare`), CONCURRENCY (default 8), LIMIT (throughput's problems, default 24),
@@ -137,6 +139,14 @@ for step in "$@"; do
             python3 benchmarks/timing_noise.py --seconds "$arg" --out "$RESULTS/timing_noise" \
                 --problem "$KB/KernelBench/level2/10_ConvTranspose2d_MaxPool_Hardtanh_Mean_Tanh.py" \
                 --problem "$KB/KernelBench/level2/14_Gemm_Divide_Sum_Scaling.py" ;;
+        memory_noise)
+            [ "$arg" = memory_noise ] && arg=15
+            conditions="quiet memory"
+            for free in ${FREE_GIB:-40 12 8}; do
+                python3 benchmarks/timing_noise.py --seconds "$arg" --conditions $conditions --free-gib "$free" --no-relu \
+                    --out "$RESULTS/memory_noise_free${free}" --problem "$KB/KernelBench/level2/100_ConvTranspose3d_Clamp_Min_Divide.py"
+                conditions=memory
+            done ;;
         loop)
             [ "$arg" = loop ] && arg=4
             timeout -s INT -k 30 "$limit" bash benchmarks/loop_gpu.sh "$RESULTS/loop" "$arg" ;;

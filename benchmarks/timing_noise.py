@@ -11,7 +11,10 @@ rewrites), for ``--seconds`` of wall time under each condition:
 - ``cpu``: two busy processes per core, as a throughput run's children importing and compiling;
 - ``warm_ups``: fresh processes running a pool child's warm-up back to back, four at a time, outside
   any device hold, as the pool's new children do (CUDA context, a Triton kernel, a conv, a matmul);
-- ``both``: the two together.
+- ``both``: the two together;
+- ``memory``: another process holding all the device's memory but ``--free-gib``, as a throughput
+  run's other children do, and this process's cached blocks given back first (a fresh child has none):
+  whether a big-output reference (100_'s 3.5 GB) gets slower allocations or cuDNN algorithms.
 
 For each it reports the spread (median, std, the first sample of a batch against the others: the
 first waits for the host's launches, the others queue behind the GPU), then replays both stop
@@ -60,7 +63,7 @@ from services.children.timing import (  # noqa: E402
     stops,
 )
 
-CONDITIONS = ("quiet", "cpu", "warm_ups", "both")
+CONDITIONS = ("quiet", "cpu", "warm_ups", "both", "memory")
 WARM_UP = "from reward_svc.harness.child import warm_up; warm_up('cuda')"
 
 
@@ -117,12 +120,39 @@ def warm_ups(at_once: int) -> Iterator[list[int]]:
             thread.join()
 
 
+HOG = """
+import sys, time, torch
+free_bytes = int(float(sys.argv[1]) * 2**30)
+held = []
+while torch.cuda.mem_get_info()[0] > free_bytes + 2**28:
+    held.append(torch.empty(min(2**30, torch.cuda.mem_get_info()[0] - free_bytes), dtype=torch.uint8, device="cuda"))
+print(torch.cuda.mem_get_info()[0], flush=True)
+time.sleep(3600)
+"""
+
+
 @contextlib.contextmanager
-def load(condition: str, cores: int) -> Iterator[list[int]]:
+def memory_held(free_gib: float) -> Iterator[None]:
+    """Another process holding the device's memory down to ``free_gib``; this process's cache emptied."""
+    torch.cuda.empty_cache()
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(free_gib)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None
+        print(f"memory: {int(hog.stdout.readline() or 0) / 2**30:.1f} GiB left free", flush=True)
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+@contextlib.contextmanager
+def load(condition: str, cores: int, free_gib: float) -> Iterator[list[int]]:
     """The condition's load on the host and the GPU; yields how many warm-ups it has started."""
     with contextlib.ExitStack() as stack:
         if condition in ("cpu", "both"):
             stack.enter_context(cpu_load(2 * cores))
+        if condition == "memory":
+            stack.enter_context(memory_held(free_gib))
         started = stack.enter_context(warm_ups(4)) if condition in ("warm_ups", "both") else [0]
         yield started
 
@@ -160,6 +190,7 @@ def problem_kernel(path: Path) -> tuple[str, Callable[[], Any], Callable[[int], 
 
 
 def sample(fn: Callable[[], Any], prepare: Callable[[int], None], seconds: float) -> dict[str, Any]:
+    retries_before = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     with torch.no_grad():
         run = TimedRun(fn, prepare=prepare)
         min_samples, batch = run.sized(MIN_SAMPLES, BATCH)
@@ -168,7 +199,15 @@ def sample(fn: Callable[[], Any], prepare: Callable[[int], None], seconds: float
         while time.perf_counter() - started < seconds:
             run.batch(batch)
             ends_s.append(time.perf_counter() - started)
-    return {"samples": run.samples, "positions": run.positions, "batch": batch, "min_samples": min_samples, "ends_s": ends_s}
+    return {
+        "samples": run.samples,
+        "positions": run.positions,
+        "batch": batch,
+        "min_samples": min_samples,
+        "ends_s": ends_s,
+        # the caching allocator's frees-and-retries of a cudaMalloc that failed: memory too short for its cache
+        "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries_before,
+    }
 
 
 def replay(rule: Callable[[list[float]], float], run: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +248,7 @@ def summary(run: dict[str, Any], quiet_median: float | None) -> dict[str, Any]:
         "others_median_ms": statistics.median(others) if others else None,
         "slow_share_first": sum(s for s, p in zip(slow, positions) if p == 0) / max(1, len(firsts)),
         "slow_share_others": sum(s for s, p in zip(slow, positions) if p > 0) / max(1, len(others)),
+        "alloc_retries": run["alloc_retries"],
         "stop_mean_rule": replay(mean_rse, run),
         "stop_median_rule": replay(median_rse, run),
     }
@@ -241,16 +281,18 @@ def main() -> None:
     parser.add_argument("--problem", type=Path, action="append", default=[], help="a KernelBench problem file (repeatable)")
     parser.add_argument("--seconds", type=float, default=12.0, help="sampling per kernel and condition")
     parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
+    parser.add_argument("--no-relu", action="store_true", help="only the --problem kernels")
+    parser.add_argument("--free-gib", type=float, default=12.0, help="device memory the memory condition leaves free")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    kernels = [relu_kernel(), *(problem_kernel(p) for p in args.problem)]
+    kernels = [*([] if args.no_relu else [relu_kernel()]), *(problem_kernel(p) for p in args.problem)]
     cores = os.cpu_count() or 1
     runs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name, _, _ in kernels}
     started_warm_ups: dict[str, int] = {}
     for condition in args.conditions:
-        with load(condition, cores) as warm_ups_started:
+        with load(condition, cores, args.free_gib) as warm_ups_started:
             for name, fn, prepare in kernels:
                 print(f"{condition}: {name}", flush=True)
                 runs[name][condition] = sample(fn, prepare, args.seconds)
@@ -264,6 +306,7 @@ def main() -> None:
             "min_timed_s": MIN_TIMED_S,
             "batch_s": BATCH_S,
             "seconds": args.seconds,
+            "free_gib": args.free_gib,
         },
         "warm_ups_started": started_warm_ups,
         "kernels": {},
@@ -278,6 +321,7 @@ def main() -> None:
         "slow first/others",
         "mean rule n, s, off",
         "median rule n, s, off",
+        "alloc retries",
     ):
         table.add_column(column)
     for name, by_condition in runs.items():
@@ -296,6 +340,7 @@ def main() -> None:
                 f"{row['slow_share_first']:.0%}/{row['slow_share_others']:.0%}",
                 f"{mean_stop['samples']}, {mean_stop['seconds']:.2f}, {mean_stop['off_quiet']:+.1%}",
                 f"{median_stop['samples']}, {median_stop['seconds']:.2f}, {median_stop['off_quiet']:+.1%}",
+                str(row["alloc_retries"]),
             )
     Console(width=200).print(table)
     (args.out / "timing_noise.json").write_text(json.dumps(report, indent=1))

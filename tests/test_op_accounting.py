@@ -242,7 +242,7 @@ def test_the_knockout_goes_on_past_an_op_that_refuses_its_values() -> None:
 LAZY_DYNAMO = """
 import json, os, sys
 import torch
-from reward_svc.harness.candidate import judged_conditions
+from reward_svc.harness.judged import judged_conditions
 from services.children.ops import OpRecorder
 
 def forward(x):
@@ -296,7 +296,7 @@ from reward_svc.harness.child import warm_up
 
 warm_up("cpu")
 import torch
-from reward_svc.harness.candidate import judged_conditions
+from reward_svc.harness.judged import judged_conditions
 from services.children.loading import import_file
 from services.children.ops import OpRecorder
 

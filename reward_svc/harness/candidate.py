@@ -26,11 +26,10 @@ import gc
 import math
 import os
 import socket
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ import torch
 
 from reward_svc.compile import CompileLog, install_fast_load_inline
 from reward_svc.harness.instrument import IntegritySnapshot, LaunchCounter, install_audit_hook
+from reward_svc.harness.judged import judged_conditions
 from reward_svc.harness.reference import timing_rotation
 from reward_svc.policy import check_native_sources
 from reward_svc.protocol import CandidateResult, CandidateSpec, KnockoutObservations, Observations
@@ -580,24 +580,6 @@ def _settle(device: str) -> None:
         torch.cuda.synchronize()
 
 
-@contextlib.contextmanager
-def judged_conditions() -> Iterator[None]:
-    """What every judged call runs under, trials and replays alike: deterministic algorithms and
-    uninitialised memory filled with NaN. The same for all, so a forward cannot tell the replays
-    from the trials (a NaN-filled ``torch.empty`` would have told it)."""
-    import torch.utils.deterministic as deterministic
-
-    # fill_uninitialized_memory is documented torch API that torch's type stubs leave out
-    previous = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)  # type: ignore[attr-defined]
-    _use_deterministic_algorithms(True)
-    deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        _use_deterministic_algorithms(previous[0])
-        deterministic.fill_uninitialized_memory = previous[1]  # type: ignore[attr-defined]
-
-
 def _call_as_timed(
     model: torch.nn.Module, args: Any, counter: LaunchCounter, outputs: TrialOutputs, case: int
 ) -> tuple[Any, TimedCheck]:
@@ -630,19 +612,6 @@ def _recorded_call(
     outputs.returned(out)
     recorder.returned(out)
     return out
-
-
-def _use_deterministic_algorithms(mode: bool) -> None:
-    """``torch.use_deterministic_algorithms(mode, warn_only=True)`` without loading Inductor for it
-    (torch's function imports ``torch._inductor.config`` to set its ``deterministic``, and with it
-    Dynamo: most of a child's warm-up). Inductor's flag is set where Inductor is loaded; where it is
-    not, nothing a candidate may call compiles with it (the policy refuses ``torch.compile`` and
-    Dynamo). Nothing else changes: a state the forward could read (the environment Inductor's
-    config reads when it loads, for one) would tell the judged calls from the timed ones."""
-    if "torch._inductor.config" in sys.modules:
-        torch.use_deterministic_algorithms(mode, warn_only=True)
-    else:
-        torch._C._set_deterministic_algorithms(mode, warn_only=True)
 
 
 def _refresh_trial(

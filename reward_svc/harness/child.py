@@ -42,7 +42,7 @@ def _rehearse_a_recorded_call() -> None:
     import torch
 
     from reward_svc.harness import reference  # noqa: F401  (a reference job's harness)
-    from reward_svc.harness.candidate import judged_conditions
+    from reward_svc.harness.judged import judged_conditions
     from services.children.ops import OpRecorder
 
     x = torch.ones(2, 3, 4, 4)
