@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.deterministic as deterministic
@@ -77,3 +78,20 @@ def test_a_tensor_subclass_in_a_convolution_runs_with_the_fill_on() -> None:
     with torch.no_grad(), judged_conditions():
         F.conv2d(x, torch.randn(2, 3, 3, 3))
     assert Sneaky.fills_seen and all(Sneaky.fills_seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_on_the_gpu_a_judged_convolution_gets_the_reference_answer_and_memory_is_still_nan() -> None:
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose3d(16, 32, 3, stride=2, padding=1).cuda()
+    x = torch.rand(4, 16, 12, 24, 24, device="cuda")
+    with torch.no_grad():
+        expected = conv(x).clamp(min=-1.0) / 2
+        probe = DeterminismProbe()
+        with probe, judged_conditions():
+            out = conv(x).clamp(min=-1.0) / 2
+            empty = torch.empty(1 << 20, device="cuda")
+    assert probe.seen["convolution"] == {False}
+    assert torch.isnan(empty).all()
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
