@@ -48,6 +48,18 @@ def test_uninitialised_memory_is_nan_and_convolutions_alone_choose_their_algorit
     assert torch.isfinite(torch.zeros(8)).all()
 
 
+def test_a_convolution_under_inference_mode_chooses_its_algorithm_too() -> None:
+    """Under inference mode (or in a custom op's body) conv2d reaches the modes whole, not as ``convolution``."""
+    probe = DeterminismProbe()
+    with torch.inference_mode(), probe, judged_conditions():
+        out = F.conv_transpose2d(torch.randn(1, 3, 5, 5), torch.randn(3, 2, 3, 3), stride=2)
+        padded = F.conv2d(torch.randn(1, 3, 5, 5), torch.randn(2, 3, 3, 3), padding="same")
+        assert torch.isnan(torch.empty(8)).all()
+    assert out.shape == (1, 2, 11, 11) and padded.shape == (1, 2, 5, 5)
+    assert probe.seen["conv_transpose2d"] == probe.seen["conv2d"] == {False}
+    assert probe.seen["empty"] == {True}
+
+
 def test_a_convolution_that_raises_leaves_the_judged_conditions_as_they_were() -> None:
     probe = DeterminismProbe()
     with torch.no_grad(), probe, judged_conditions():

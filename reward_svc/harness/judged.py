@@ -21,13 +21,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that read the deterministic switch only to choose an algorithm and write every element of the
-# tensors they allocate (the filling would be overwritten anyway). Each is an explicit op with its
-# own kernel: conv1d/2d/3d and the transposed ones reach the dispatcher as ``convolution``.
+# tensors they allocate (the filling would be overwritten anyway), by overload packet. ``convolution``
+# is where conv1d/2d/3d and the transposed ones arrive decomposed; under ``torch.inference_mode`` or
+# inside a custom op's body they arrive whole, and their C++ decomposition runs inside the window.
 ALGORITHM_CHOICE_OPS = frozenset(
     {
-        torch.ops.aten.convolution.default,
-        torch.ops.aten.cudnn_convolution_relu.default,
-        torch.ops.aten.cudnn_convolution_add_relu.default,
+        torch.ops.aten.convolution,
+        torch.ops.aten._convolution_mode,
+        torch.ops.aten.conv1d,
+        torch.ops.aten.conv2d,
+        torch.ops.aten.conv3d,
+        torch.ops.aten.conv_transpose1d,
+        torch.ops.aten.conv_transpose2d,
+        torch.ops.aten.conv_transpose3d,
+        torch.ops.aten.cudnn_convolution_relu,
+        torch.ops.aten.cudnn_convolution_add_relu,
     }
 )
 
@@ -46,7 +54,7 @@ class ConvolutionsChooseFreely(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func not in ALGORITHM_CHOICE_OPS or not all(t in PLAIN_TENSORS for t in types):
+        if func.overloadpacket not in ALGORITHM_CHOICE_OPS or not all(t in PLAIN_TENSORS for t in types):
             return func(*args, **(kwargs or {}))
         previous = torch.are_deterministic_algorithms_enabled()
         use_deterministic_algorithms(False)
