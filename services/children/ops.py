@@ -12,6 +12,7 @@ import contextlib
 import functools
 import math
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -858,9 +859,11 @@ class OpRecorder(TorchDispatchMode):
         self.provenance_key = provenance_key
         self.written: set[int] = set()  # storages holding what custom kernels computed
         # Storages whose values no input's data decided (``DATA_FREE_FACTORIES`` and what PyTorch computed
-        # from them alone), each with a tensor that keeps its memory from being handed to another; none once
-        # data reached Python (``escaped``), where it can come back as a factory's fill value
-        self.data_free: dict[int, torch.Tensor] = {}
+        # from them alone); none once data reached Python (``escaped``), where it can come back as a factory's
+        # fill value. Each leaves when its storage dies, before its address can be another's: the recorder
+        # keeps no memory alive, or where the allocator puts the forward's next tensor would tell a recorded
+        # call (the check call after timing) from an unrecorded one (a timed call)
+        self.data_free: dict[int, weakref.finalize] = {}
         self.escaped = False
         self.pytorch_outputs: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
         self._record_out_of_dynamo: Callable[..., Any] | None = None
@@ -979,16 +982,29 @@ class OpRecorder(TorchDispatchMode):
         )
         for t in (*outputs, *written):
             if data_free:
-                self.data_free[tensors.storage_id(t)] = t
+                self._mark_data_free(t)
             else:
-                self.data_free.pop(tensors.storage_id(t), None)
+                self._mark_data(t)
         return data_free
+
+    def _mark_data_free(self, t: torch.Tensor) -> None:
+        storage = tensors.storage_id(t)
+        if storage == -1 or storage in self.data_free:
+            return
+        left = weakref.finalize(t.untyped_storage(), self.data_free.pop, storage, None)
+        left.atexit = False
+        self.data_free[storage] = left
+
+    def _mark_data(self, t: torch.Tensor) -> None:
+        left = self.data_free.pop(tensors.storage_id(t), None)
+        if left is not None:
+            left.detach()
 
     def launched(self, label: str, arguments: list[torch.Tensor], result: Any) -> None:
         """A custom launch ran on these tensors and returned ``result``: whatever it wrote or returned
         holds data now, and a native function that returns numbers has read data into Python."""
         for t in (*arguments, *tensors.tensors_in(result)):
-            self.data_free.pop(tensors.storage_id(t), None)
+            self._mark_data(t)
             self.producers[tensors.storage_id(t)] = f"launch:{label}"
         self.escaped = self.escaped or _holds_values(result)
 
