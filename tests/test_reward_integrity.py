@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from reward_cases import COPY_KERNEL, CORRECT, RELU_REFERENCE, kernel_candidate, module
+from reward_cases import COPY_KERNEL, CORRECT, RELU_REFERENCE, candidate, kernel_candidate, module
 from reward_svc.evaluate import Evaluator
 from reward_svc.policy import check_source
 from services.schemas.reward import ScoreOptions, Verdict
@@ -285,6 +285,12 @@ HONEST = {
             "        return launch_relu(x, self._scratch)",
         ),
     ),
+    # its buffer an inference tensor, written by the launch outside inference mode: the knockout's
+    # poisoning of it raised, and read as the forward hiding (an attack found it)
+    "inference mode": (
+        RELU,
+        candidate("with torch.inference_mode():\n    out = torch.empty_like(x)\nreturn launch_relu(x, out)"),
+    ),
 }
 GLUE = {  # PyTorch does part of the reference's work around a kernel that does the rest
     "kernel scales, PyTorch clamps": (
@@ -323,7 +329,8 @@ GLUE = {  # PyTorch does part of the reference's work around a kernel that does 
 def test_honest_kernels_in_custom_ops_autotuned_or_with_private_state_pass(evaluator: Evaluator) -> None:
     """``from torch.library import triton_op, wrap_triton``, a kernel inside ``triton_op`` or
     ``custom_op`` (its body's launches are the forward's own), ``@triton.autotune`` with several configs
-    (its first config on the interpreter), a private attribute of the module's own."""
+    (its first config on the interpreter), a private attribute of the module's own, an output buffer
+    made under ``torch.inference_mode``."""
     assert_correct(verdicts(evaluator, RELU, {name: source for name, (_, source) in HONEST.items()}))
 
 

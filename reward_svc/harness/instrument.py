@@ -109,24 +109,27 @@ class LaunchCounter:
                 # integers and flags the launch computed get their own answer back, to be poisoned below: moved
                 # from the second launch's answer (on poisoned inputs) an index can land on the right one again
                 first += [(t, t.clone()) for t in written if not (t.is_floating_point() or t.is_complex())]
-                for t, _ in kept:
-                    tensors.poison_(t)
+                with harness_writes():
+                    for t, _ in kept:
+                        tensors.poison_(t)
                 poisoned = [t.clone() for t, _ in kept]
                 call()
                 _synchronize()
-                for t, after in first:
-                    t.copy_(after)
-                for (t, old), poison in zip(kept, poisoned):
-                    if tensors.same_bits(t, poison):
-                        t.copy_(old)  # only read: as it was
-                    else:
-                        written.append(t)
+                with harness_writes():
+                    for t, after in first:
+                        t.copy_(after)
+                    for (t, old), poison in zip(kept, poisoned):
+                        if tensors.same_bits(t, poison):
+                            t.copy_(old)  # only read: as it was
+                        else:
+                            written.append(t)
             returned = tensors.tensors_in(result)
             computed = [t for t in returned if self.copies_are_work or not tensors.is_copy_of(t, before)]
             self.copies += len(returned) - len(computed)
-            for t in written + computed:
-                tensors.poison_(t)
-                self.poisoned += 1
+            with harness_writes():
+                for t in written + computed:
+                    tensors.poison_(t)
+                    self.poisoned += 1
         return result
 
     def _follow_writes(self, recorder: OpRecorder, label: str, call: Callable[[], Any], inputs: list[torch.Tensor]) -> Any:
@@ -230,6 +233,13 @@ def forged_pointers(args: Any, kwargs: Any) -> str | None:
         if not (type(value).__module__.startswith("triton.") and isinstance(base, torch.Tensor)):
             return f"a {type(value).__name__} posing as a tensor"
     return None
+
+
+def harness_writes() -> torch.inference_mode:
+    """Where the knockout writes into the candidate's tensors: inference mode, where an inference tensor
+    (made under the candidate's own ``torch.inference_mode``) takes an in-place write as a plain one does.
+    Outside it the write raises, and the knockout read the harness's error as the forward hiding."""
+    return torch.inference_mode()
 
 
 def _synchronize() -> None:
