@@ -58,6 +58,42 @@ def test_data_written_into_a_data_free_tensor_is_work(laundering) -> None:  # ty
 ROWS = torch.randn(32, 64)
 
 
+def running_mean_of(x: torch.Tensor) -> torch.Tensor:
+    """x's channel means in a zeros buffer ``native_batch_norm`` updates without its schema marking the write."""
+    running_mean, running_var = torch.zeros(x.shape[1]), torch.ones(x.shape[1])
+    F.batch_norm(x, running_mean, running_var, training=True, momentum=1.0)
+    return running_mean
+
+
+MOVED_AWAY: list[torch.Tensor] = []  # the data-free tensors whose old blocks the laundered values took, kept alive
+
+
+def grown_into_a_freed_zeros_block(x: torch.Tensor) -> torch.Tensor:
+    """x's values in a storage a resize moved to where a data-free one, still alive, had been before its own
+    resize moved it away, as the host allocator hands a freed block back to the next request of its size."""
+    values = x.reshape(-1)[:1024].clone()
+    zeros = torch.zeros(2048)
+    MOVED_AWAY.append(zeros)
+    zeros.resize_(1 << 18)
+    values.resize_(2048)
+    return values[:1024]
+
+
+@pytest.mark.parametrize("launder", [running_mean_of, grown_into_a_freed_zeros_block])
+def test_data_an_op_wrote_unmarked_or_a_resize_moved_is_still_data(launder) -> None:  # type: ignore[no-untyped-def]
+    """Found by an attack: both made x's values pass for a data-free constant (by a storage's address, or
+    by the schema's marks alone), so what PyTorch then computed from them was no one's work."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        laundered = launder(x)
+        return torch.outer(laundered, laundered).exp().sum(0)
+
+    n = launder(ROWS).numel()
+    work = work_of(forward, ROWS)
+    MOVED_AWAY.clear()
+    assert work["families"].get("contraction", 0) >= n * n
+
+
 @pytest.mark.parametrize(
     ("hidden", "family"),
     [

@@ -970,7 +970,9 @@ class OpRecorder(TorchDispatchMode):
         self, name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor], written: list[torch.Tensor]
     ) -> bool:
         """Whether this op's results hold values no input's data decided, noting their storages either
-        way (with the arguments it wrote into, ``written``: an index written with the input's values is data)."""
+        way (with the arguments it wrote into, ``written``: an index written with the input's values is data).
+        An op that is not data-free may have written data into any argument, whatever its schema says
+        (``native_batch_norm`` updates its running statistics unmarked): each of its inputs holds data after it."""
         sources = [t for t in inputs if not any(t is w for w in written)]  # an out= buffer gives no values
         data_free = (
             not self.escaped
@@ -984,6 +986,9 @@ class OpRecorder(TorchDispatchMode):
             if data_free:
                 self._mark_data_free(t)
             else:
+                self._mark_data(t)
+        if not data_free:
+            for t in inputs:
                 self._mark_data(t)
         return data_free
 

@@ -306,7 +306,10 @@ def is_copy_of(t: torch.Tensor, sources: list[torch.Tensor]) -> bool:
 
 
 def storage_id(t: torch.Tensor) -> int:
+    """The storage's identity, not its address: a ``resize_`` moves a storage's bytes and frees the old
+    block for another storage to grow into, and by address that one would take over the first's record
+    (a data-free one, say) while the first still lived."""
     try:
-        return t.untyped_storage().data_ptr()
+        return t.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError):  # no storage of its own (sparse, nested): never matches
         return -1
