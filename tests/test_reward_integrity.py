@@ -254,6 +254,14 @@ def scale_kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
     mask = offsets < n
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * scale, mask=mask)
 """
+FLOOR_KERNEL = """
+@triton.jit
+def floor_kernel(x_ptr, floor_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    floor = tl.load(floor_ptr + offsets * 0, mask=mask)  # its argument is one value expanded
+    tl.store(out_ptr + offsets, tl.maximum(tl.load(x_ptr + offsets, mask=mask), floor), mask=mask)
+"""
 SOFTMAX_GIVEN_MAX = """
 @triton.jit
 def softmax_given_max_kernel(x_ptr, m_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
@@ -287,6 +295,15 @@ HONEST = {
     ),
     # its buffer an inference tensor, written by the launch outside inference mode: the knockout's
     # poisoning of it raised, and read as the forward hiding (an attack found it)
+    # a launch given an expanded tensor, which no in-place write takes: the knockout poisons its memory
+    "expanded argument": (
+        RELU,
+        kernel_candidate(
+            "x = inputs[0]\nout = torch.empty_like(x)\nfloor = torch.zeros(1, device=x.device).expand(x.numel())\n"
+            "floor_kernel[(triton.cdiv(x.numel(), 1024),)](x, floor, out, x.numel(), BLOCK=1024)\nreturn out",
+            FLOOR_KERNEL,
+        ),
+    ),
     "inference mode": (
         RELU,
         candidate("with torch.inference_mode():\n    out = torch.empty_like(x)\nreturn launch_relu(x, out)"),
@@ -330,7 +347,7 @@ def test_honest_kernels_in_custom_ops_autotuned_or_with_private_state_pass(evalu
     """``from torch.library import triton_op, wrap_triton``, a kernel inside ``triton_op`` or
     ``custom_op`` (its body's launches are the forward's own), ``@triton.autotune`` with several configs
     (its first config on the interpreter), a private attribute of the module's own, an output buffer
-    made under ``torch.inference_mode``."""
+    made under ``torch.inference_mode``, an expanded tensor as a launch's argument."""
     assert_correct(verdicts(evaluator, RELU, {name: source for name, (_, source) in HONEST.items()}))
 
 

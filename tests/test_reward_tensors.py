@@ -556,3 +556,18 @@ def _wrong_on_trial_2(expected: list[torch.Tensor]) -> list[tuple[str, torch.Ten
         ("output_refresh", expected[0].clone()),
         ("output_recall", torch.zeros(64)),
     ]
+
+
+def test_the_poison_reaches_an_expanded_tensors_memory_and_float8_values() -> None:
+    """Found by a review: an in-place write refuses a tensor whose places hold several elements, and
+    float8 has no random draws; the knockout read either failure as the forward hiding."""
+    bias = torch.randn(16)
+    expanded, before = bias.expand(4, 16), bias.clone()
+    tensors.poison_(expanded)
+    assert not torch.equal(bias, before)
+    eight = torch.randn(64).to(torch.float8_e4m3fn)
+    before = eight.clone()
+    tensors.poison_(eight)
+    assert (eight.float() != before.float()).float().mean() > 0.5
+    strided = torch.randn(8, 8)[:, ::2]
+    assert tensors.memory_of(strided) is strided  # no place holds two elements: poisoned as it is

@@ -94,6 +94,7 @@ class LaunchCounter:
         calls, after the refresh trial computed the same answer): poisoned and launched onto once
         more, the ones it writes are outputs too, and the others get their values back."""
         with harness_work():
+            inputs = [tensors.memory_of(t) for t in inputs]  # an expanded argument takes the knockout's writes as its memory
             before = [t.clone() for t in inputs]
         result = self._call(label, call)
         with harness_work():

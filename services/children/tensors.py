@@ -112,6 +112,14 @@ def poison_(t: torch.Tensor) -> None:
     rows half the time as they were, so an honest argmax looked like a decoy)."""
     if t.numel() == 0:
         return
+    if memory_of(t) is not t:  # an expanded view: its memory is poisoned, each place once
+        poison_(memory_of(t))
+        return
+    if t.is_floating_point() and t.element_size() == 1:  # float8: no random draws of its own, poisoned in float32
+        wide = t.float()
+        poison_(wide)
+        t.copy_(wide)
+        return
     generator = torch.Generator(device=t.device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     if t.is_floating_point() or t.is_complex():
         target = torch.view_as_real(t) if t.is_complex() else t
@@ -133,6 +141,16 @@ def poison_(t: torch.Tensor) -> None:
         else:  # each value moved by 1..span-1 around the range: another value of it
             offsets = torch.randint(1, span, t.shape, generator=generator, device=t.device, dtype=torch.int64)
             t.copy_((t.to(torch.int64) - low + offsets) % span + low)
+
+
+def memory_of(t: torch.Tensor) -> torch.Tensor:
+    """The memory a tensor's elements lie in, each place once: ``t`` itself, unless places hold several of
+    its elements (an ``expand``), which no in-place write takes; then a flat view from its first element's
+    place to its last's."""
+    if t.numel() == 0 or t.layout != torch.strided or torch._debug_has_internal_overlap(t) != 1:
+        return t
+    extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return t.as_strided((extent,), (1,), t.storage_offset())
 
 
 def same_share(a: torch.Tensor, b: torch.Tensor) -> float:
