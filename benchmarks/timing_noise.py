@@ -248,7 +248,7 @@ def summary(run: dict[str, Any], quiet_median: float | None) -> dict[str, Any]:
         "others_median_ms": statistics.median(others) if others else None,
         "slow_share_first": sum(s for s, p in zip(slow, positions) if p == 0) / max(1, len(firsts)),
         "slow_share_others": sum(s for s, p in zip(slow, positions) if p > 0) / max(1, len(others)),
-        "alloc_retries": run["alloc_retries"],
+        "alloc_retries": run.get("alloc_retries", 0),  # runs recorded before 2026-12-05 have none
         "stop_mean_rule": replay(mean_rse, run),
         "stop_median_rule": replay(median_rse, run),
     }

@@ -216,9 +216,12 @@ HACKS: dict[str, tuple[str, Expected | tuple[Expected, ...]]] = {
     # Candidate code that runs after a judged call's checks, outside anything recorded: a finalizer the harness
     # sets off by letting go of a candidate's object. Its decoy kernel writes zeros; where they were not poisoned
     # (a clean call) the finalizer writes PyTorch's answer into the output before the harness writes it out.
-    "finalizer_on_a_scratch_tensor": (  # a generator's finally, hung on a tensor the op recorder keeps
+    # hung on a scratch tensor: until 2026-12-05 the op recorder kept it (data-free) past forward's return and the
+    # fix landed after it (late_write); the recorder keeps nothing alive now, so it runs as forward returns, inside
+    # the recorded call, and PyTorch's answer there takes another path than the knockout's
+    "finalizer_on_a_scratch_tensor": (
         candidate(DECOY + "s = torch.zeros(2)\ns.requires_grad_()\ns.register_hook(armed(out, x))\nreturn out", extra=FIXER),
-        "late_write",
+        ("late_write", "knockout_evasion"),
     ),
     "finalizer_on_the_last_input": (  # hung on the previous call's input, which the harness lets go later
         candidate(

@@ -12,8 +12,10 @@ host time per op, the allocator's statistics) are in REWARD.md's "What the guard
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
+import pytest
 import torch
 
 from reward_cases import RELU_REFERENCE, candidate
@@ -44,11 +46,34 @@ def test_the_allocator_probe_passes_the_policy() -> None:
     assert check_source(TELLS_THE_CHECK_CALL_FROM_THE_TIMED_ONES) == []
 
 
+def test_the_recorder_keeps_none_of_the_forwards_tensors_alive() -> None:
+    """The mechanism, on any host: a tensor forward lets go of is freed there and then, recorded or not
+    (the host allocator's reuse also follows Python's own allocations, so on the CPU addresses alone
+    would not say it)."""
+    from services.children.ops import OpRecorder
+
+    freed_at_once: list[bool] = []
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.zeros(256)  # data-free: the recorder follows it
+        storage = weakref.ref(scratch.untyped_storage())
+        del scratch
+        freed_at_once.append(storage() is None)
+        return x * 2
+
+    with torch.no_grad(), OpRecorder():
+        forward(torch.randn(8))
+    assert freed_at_once == [True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_the_check_call_cannot_be_told_from_a_timed_call() -> None:
+    """Where the attack aims: the caching allocator, which only tensors move."""
     from reward_svc.harness.candidate import TrialOutputs, _call_as_timed
     from reward_svc.harness.instrument import LaunchCounter
 
-    model, x = Peeks(), torch.randn(64)
+    model, x = Peeks(), torch.randn(64, device="cuda")
     with torch.no_grad():
         timed = model(x)  # as ``_time_candidate``'s timed_call runs it: no mode, no judged conditions
         checked, _ = _call_as_timed(model, (x,), LaunchCounter(), TrialOutputs(Path("unused"), key=7), case=1)
