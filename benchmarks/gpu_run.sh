@@ -69,7 +69,7 @@ for step in "$@"; do
     case "$name" in
         tests)
             [ "$arg" = tests ] && arg=  # tests:EXPR runs only the tests pytest -k EXPR selects
-            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_judged_conditions.py tests/test_compile.py tests/test_reward_gpu.py tests/test_reward_integrity_gpu.py tests/test_device_exchange_gpu.py \
+            python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${arg:+-k "$arg"} tests/test_judged_conditions.py tests/test_timed_check_call.py tests/test_compile.py tests/test_reward_gpu.py tests/test_reward_integrity_gpu.py tests/test_device_exchange_gpu.py \
                 2>&1 | tee "$RESULTS/gpu_tests${arg:+_${arg//[^A-Za-z0-9_]/_}}.log" ;;  # a file name the device tool returns
         throughput)
             profiler=()
