@@ -12,9 +12,10 @@ rewrites), for ``--seconds`` of wall time under each condition:
 - ``warm_ups``: fresh processes running a pool child's warm-up back to back, four at a time, outside
   any device hold, as the pool's new children do (CUDA context, a Triton kernel, a conv, a matmul);
 - ``both``: the two together;
-- ``memory``: another process holding all the device's memory but ``--free-gib``, as a throughput
-  run's other children do, and this process's cached blocks given back first (a fresh child has none):
-  whether a big-output reference (100_'s 3.5 GB) gets slower allocations or cuDNN algorithms.
+- ``memory`` (only where ``--conditions`` names it): another process holding all the device's memory
+  but ``--free-gib``, as a throughput run's other children do, and this process's cached blocks given
+  back first (a fresh child has none): whether a big-output reference (100_'s 3.5 GB) gets slower
+  allocations or cuDNN algorithms.
 
 For each it reports the spread (median, std, the first sample of a batch against the others: the
 first waits for the host's launches, the others queue behind the GPU), then replays both stop
@@ -63,7 +64,8 @@ from services.children.timing import (  # noqa: E402
     stops,
 )
 
-CONDITIONS = ("quiet", "cpu", "warm_ups", "both", "memory")
+HOST_CONDITIONS = ("quiet", "cpu", "warm_ups", "both")
+CONDITIONS = (*HOST_CONDITIONS, "memory")
 WARM_UP = "from reward_svc.harness.child import warm_up; warm_up('cuda')"
 
 
@@ -280,7 +282,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problem", type=Path, action="append", default=[], help="a KernelBench problem file (repeatable)")
     parser.add_argument("--seconds", type=float, default=12.0, help="sampling per kernel and condition")
-    parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
+    parser.add_argument("--conditions", nargs="+", default=list(HOST_CONDITIONS), choices=CONDITIONS)
     parser.add_argument("--no-relu", action="store_true", help="only the --problem kernels")
     parser.add_argument("--free-gib", type=float, default=12.0, help="device memory the memory condition leaves free")
     parser.add_argument("--out", type=Path, required=True)

@@ -982,13 +982,11 @@ class OpRecorder(TorchDispatchMode):
                 or (bool(inputs) and self._all_data_free(inputs))
             )
         )
-        for t in (*outputs, *written):
-            if data_free:
+        if data_free:
+            for t in (*outputs, *written):
                 self._mark_data_free(t)
-            else:
-                self._mark_data(t)
-        if not data_free:
-            for t in inputs:
+        else:  # the written arguments are among the inputs
+            for t in (*outputs, *inputs):
                 self._mark_data(t)
         return data_free
 

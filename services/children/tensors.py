@@ -112,8 +112,9 @@ def poison_(t: torch.Tensor) -> None:
     rows half the time as they were, so an honest argmax looked like a decoy)."""
     if t.numel() == 0:
         return
-    if memory_of(t) is not t:  # an expanded view: its memory is poisoned, each place once
-        poison_(memory_of(t))
+    memory = memory_of(t)
+    if memory is not t:  # an expanded view: its memory is poisoned, each place once
+        poison_(memory)
         return
     if t.is_floating_point() and t.element_size() == 1:  # float8: no random draws of its own, poisoned in float32
         wide = t.float()
