@@ -393,6 +393,7 @@ def _summary(rows: list[dict[str, Any]], total_s: float) -> dict[str, Any]:
             "candidate_slot": _median(_waiting(r, "slot") for r in rows),
             "candidate_child": _median(_waiting(r, "child") for r in rows),
             "reference_slot": _median(_waiting(r, "reference_slot") for r in groups.values()),
+            "reference_device_memory": _median(_waiting(r, "reference_device_memory") for r in groups.values()),
             "reference_child": _median(_waiting(r, "reference_child") for r in groups.values()),
         },
         # runs that ran out of device memory (or, for a reference, found no room in the scratch dir) and the waits after them

@@ -10,15 +10,17 @@ the scratch dir (a tmpfs: memory) together. Two kinds of files, admitted differe
 - a candidate's output files are known beforehand: candidates *reserve* them, and wait while
   other candidates' reservations would pass the budget (one larger than it runs alone).
 
-Candidates wait only for other candidates, never for references, so a group that has run its
-reference always finishes and lets the next one in.
+Candidates wait only for other children's runs, never for a group's held bytes, so a group that
+has run its reference always finishes and lets the next one in.
 
 Device memory is budgeted the same way (a second ``ByteBudget``): a candidate reserves what its
 reference's run peaked at plus its harness's own copies (``candidate_device_bytes``) before it
-takes a child, and a reference starts only while the reservations leave room. An estimate is not
-a bound (a candidate's own buffers are its own), so a child that runs out of memory while other
-children of this worker ran too still runs again once one of them is done (``DeviceUsers``): the
-memory was theirs, not a fault of the code under test. Host memory beyond the scratch files is not
+takes a child; a reference starts only while the bytes in use leave room, and reserves what it
+peaked at when it last ran on this worker, or a share of the budget if it never ran here
+(``ReferencePeaks``). An estimate is not a bound (a candidate's own buffers are its own), so a child
+that runs out of memory while other children of this worker ran too still runs again once one of
+them is done (``DeviceUsers``): the memory was theirs, not a fault of the code under test. It
+reserves twice as much when it runs again (``after_shortage``). Host memory beyond the scratch files is not
 budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
 choice) and that child is run again the same way.
 
@@ -27,14 +29,16 @@ shared by all its groups, each free one going to the group running fewest (the o
 under load the groups share them evenly and a group alone uses them all. A candidate takes its slot
 before it reserves bytes, so one in line reserves nothing; a reference takes its slot after the wait
 for room, and checks the room again once it has the slot (the wait in line may have been long),
-giving the slot back to wait again if there is none. A slot holder waits only for other holders
-(byte reservations) or for its own child, so the reasoning above holds.
+giving the slot back to wait again if there is none; with the slot it reserves its device memory as
+a candidate does. A slot holder waits only for other holders (byte reservations, which end with
+their children's runs) or for its own child, so the reasoning above holds.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import threading
 from collections.abc import Callable, Iterator
 
@@ -212,3 +216,46 @@ def candidate_device_bytes(peak: int, input_bytes: int, output_bytes: int, judge
     clone), the judge's output and expected output for each comparison it runs at once on the device,
     and a context."""
     return peak + 2 * input_bytes + (1 + 2 * judged_at_once) * output_bytes + DEVICE_CONTEXT_BYTES
+
+
+# A reference never run on this worker reserves this share of the device budget: its peak is known only once it ran.
+REFERENCE_FIRST_SHARE = 8
+
+
+class ReferencePeaks:
+    """What a reference reserves on the device: its peak when it last ran on this worker plus a context
+    (references are trusted, and their source fixes their shapes), a share of the budget for one never run
+    here. The most recent ``known`` references are remembered."""
+
+    def __init__(self, known: int = 4096) -> None:
+        self._known = known
+        self._peaks: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def reservation(self, reference: str, capacity: int) -> int:
+        with self._lock:
+            peak = self._peaks.get(_digest(reference))
+        if peak is None:
+            return capacity // REFERENCE_FIRST_SHARE
+        return min(capacity, peak + DEVICE_CONTEXT_BYTES)
+
+    def learn(self, reference: str, peak: int) -> None:
+        """After a run that completed: the peak its allocator reached."""
+        with self._lock:
+            key = _digest(reference)
+            self._peaks[key] = peak
+            self._peaks.move_to_end(key)
+            while len(self._peaks) > self._known:
+                self._peaks.popitem(last=False)
+
+
+def _digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def after_shortage(reserved: int, capacity: int) -> int:
+    """What a child that ran out of device memory reserves when it runs again: twice as much, at most the
+    whole budget (it then runs once no other reservation is held). Whose growth the shortage was is not
+    known (a candidate's figures are its word): too little again can cost an honest kernel its verdict,
+    too much costs a wait."""
+    return min(capacity, 2 * reserved)

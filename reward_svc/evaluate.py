@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, candidate_device_bytes
+from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, ReferencePeaks, after_shortage, candidate_device_bytes
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import (
@@ -80,6 +80,7 @@ class Evaluator:
         self.exchange_budget = ByteBudget(self.exchange_max_bytes)
         self._device_memory: ByteBudget | None = None  # sized once a group runs on the GPU
         self.device_users = DeviceUsers()
+        self.reference_peaks = ReferencePeaks()
         self.slots = ChildSlots(child_slots(self.settings, 0))  # children at once, across this worker's groups
         self._groups_in_flight = 0
         self._arrivals = itertools.count()  # a group's place in line for slots, among groups running as few
@@ -107,7 +108,7 @@ class Evaluator:
             return self._pools[device]
 
     def device_memory(self, device: str) -> ByteBudget | None:
-        """The budget of device memory candidates reserve on the GPU (none on the CPU)."""
+        """The budget of device memory children reserve on the GPU (none on the CPU)."""
         if device != "cuda":
             return None
         with self._pools_lock:
@@ -234,25 +235,31 @@ class Evaluator:
         """The reference child, run again while the scratch filesystem has no room for its files yet,
         or after it ran out of device memory that other children held; (child, outcome, result,
         seconds, waits) of its last run. It runs in a slot, ahead of its group's candidates, after the
-        waits for room (a slot waiting for room would idle)."""
+        waits for room (a slot waiting for room would idle), with its device memory reserved."""
         memory_retries = 0
+        device_memory = self.device_memory(device)
+        device_bytes = 0 if device_memory is None else self.reference_peaks.reservation(reference, device_memory.capacity)
         first_started = time.perf_counter()
         while True:
             started = time.perf_counter()
             self.exchange_budget.wait_for_room()  # heavy groups queue here rather than fill the scratch dir together
-            device_memory = self.device_memory(device)
-            if device_memory is not None:  # its own peak is unknown until it ran: it waits for room, reserves none
+            if device_memory is not None:  # what groups hold counts here, never in a slot (the slot's wait must end)
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
-            with self.slots.take((arrival, -1)):
+            fits = None if device_memory is None else functools.partial(device_memory.fits, device_bytes)
+            with self.slots.take((arrival, -1), fits), contextlib.ExitStack() as reservation:
                 if not self._room_for_a_reference(device_memory):
                     continue  # others took the room while it waited in line: the slot goes back, it waits for room again
                 slotted = time.perf_counter()
+                if device_memory is not None:
+                    reservation.enter_context(device_memory.reserve(device_bytes))
+                reserved = time.perf_counter()
                 ref_child = self.pool(device).take()
                 ref_waits = {
                     "reference_admission": round(admitted - started, 3),
                     "reference_slot": round(slotted - admitted, 3),
-                    "reference_child": round(time.perf_counter() - slotted, 3),
+                    "reference_device_memory": round(reserved - slotted, 3),
+                    "reference_child": round(time.perf_counter() - reserved, 3),
                     "reference_retries": round(started - first_started, 3),  # runs that found no room or memory, and their waits
                 }
                 (ref_child.workdir / "reference.py").write_text(reference)
@@ -282,10 +289,14 @@ class Evaluator:
                 wait = functools.partial(self.exchange_budget.wait_for_release, options.timeout_s)
             elif status == "out_of_memory" and memory_retries < MEMORY_RETRIES:
                 memory_retries += 1
+                if device_memory is not None:
+                    device_bytes = after_shortage(device_bytes, device_memory.capacity)
                 wait = functools.partial(self.device_users.others_finished_since, seen, options.timeout_s)
             else:
                 if ref_result is not None and memory_retries:
                     ref_result["memory_retries"] = memory_retries
+                if ref_result is not None and isinstance(ref_result.get("device_peak_bytes"), int):
+                    self.reference_peaks.learn(reference, ref_result["device_peak_bytes"])
                 return ref_child, outcome, ref_result, reference_s, ref_waits
             ref_child.discard()  # its files and device memory go before the wait
             if not wait():  # nothing of ours will free what it lacks: its own reason becomes the group's verdict
@@ -347,6 +358,8 @@ class Evaluator:
                 or not self.device_users.others_finished_since(seen, options.timeout_s)
             ):
                 break
+            if device_memory is not None:
+                device_bytes = after_shortage(device_bytes, device_memory.capacity)
         verdict.details.setdefault("seconds", {})["waiting"] = waits
         if device_memory is not None:  # the estimate beside what the child said it used (untrusted: a figure only)
             verdict.details["device_memory"] = {"reserved": device_bytes, "peak": verdict.details.pop("device_peak_bytes", None)}
@@ -492,8 +505,8 @@ def _release_device_memory(device: str) -> None:
 
 
 def _device_capacity() -> int:
-    """What this worker's candidates may reserve: the GPU's memory, less a tenth for the worker's own
-    context and the references' runs (which reserve nothing)."""
+    """What this worker's children may reserve: the GPU's memory, less a tenth for the worker's own context,
+    the judge's tensors and what children use beyond their estimates."""
     import torch
 
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10

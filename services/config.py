@@ -135,9 +135,9 @@ class Settings(BaseSettings):
     reward_device_memory_max_bytes: int | None = Field(
         default=None,
         gt=0,
-        description="Device memory a GPU worker's candidates reserve together: each reserves what its reference peaked at "
-        "plus its harness's copies before it runs, and waits while the others' reservations would pass this (a larger one "
-        "runs alone); unset: nine tenths of the GPU's memory.",
+        description="Device memory a GPU worker's children reserve together: a candidate what its reference peaked at plus "
+        "its harness's copies, a reference its last peak (an eighth of this before it first ran), and each waits while the "
+        "others' reservations would pass this (a larger one runs alone); unset: nine tenths of the GPU's memory.",
     )
     reward_scratch_min_free_bytes: int = Field(
         default=1 << 30,

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
-from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers
+from reward_svc.admission import DEVICE_CONTEXT_BYTES, ByteBudget, ChildSlots, DeviceUsers, ReferencePeaks, after_shortage
 from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots
 from reward_svc.harness.reference import cases_within
 from reward_svc.shared_builds import HARNESS_CHILD
@@ -30,6 +30,8 @@ from services.config import Settings
 from services.sandbox import Confinement, run_sandboxed
 from services.sandbox.bwrap import bwrap_probe
 from services.schemas.reward import ScoreOptions, Verdict
+
+GIB = 1 << 30
 
 
 def test_cases_fit_the_exchange_budget() -> None:
@@ -77,6 +79,7 @@ def test_cut_cases_still_catch_caches_and_decoys(kz_env: Callable[..., Settings]
         "retries",
         "reference_admission",
         "reference_slot",
+        "reference_device_memory",
         "reference_child",
         "reference_retries",
     }
@@ -420,16 +423,39 @@ def test_device_users_tell_a_shortage_of_others_from_ones_own() -> None:
     assert users.others_finished_since(seen, timeout_s=0)
 
 
+class RecordedBudget(ByteBudget):
+    """A device-memory budget for a worker on the CPU (which has none), recording what each run reserved."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.reservations: list[int] = []
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        self.reservations.append(nbytes)
+        with super().reserve(nbytes):
+            yield
+
+
+def _budgeted(evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch, capacity: int) -> RecordedBudget:
+    budget = RecordedBudget(capacity)
+    monkeypatch.setattr(evaluator, "device_memory", lambda device: budget)
+    return budget
+
+
 OUT_OF_MEMORY = "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 6.00 GiB')"
 
 
-def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: Callable[..., Settings]) -> None:
+def test_children_short_of_memory_others_held_run_again_once_those_end(
+    kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Children that run out of device memory while other work of the worker holds it (stood for by
-    two uses this test holds, ending at two deadlines) run again once one of those ends: a
-    reference short of memory until the first deadline is then run and its group judged; a
-    candidate always short of it runs once more after the second, and then, alone, gets the
-    shortage as its verdict. A reference short of memory alone gets the reason at once."""
+    two uses this test holds, ending at two deadlines) run again once one of those ends, reserving
+    twice as much: a reference short of memory until the first deadline is then run and its group
+    judged; a candidate always short of it runs once more after the second, and then, alone, gets
+    the shortage as its verdict. A reference short of memory alone gets the reason at once."""
     evaluator = Evaluator(kz_env(reward_warm_children=2))
+    budget = _budgeted(evaluator, monkeypatch, 8 * GIB)
     # the second past the short candidate's first run even on a loaded machine (the reference runs again after the first)
     first, second = time.time() + 12, time.time() + 40
     reference = RELU_REFERENCE.replace(
@@ -455,6 +481,10 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
         assert short.status == "runtime_error" and short.reason.startswith("out of memory while running ModelNew"), short.reason
         # once after the other candidate, if it ended while this one ran, and once after the second use
         assert short.details["out_of_memory"] and 1 <= short.details["memory_retries"] <= MEMORY_RETRIES
+        first_runs = correct.details["device_memory"]["reserved"]  # the candidates' estimate: the short one's first run too
+        retries = short.details["memory_retries"]
+        assert short.details["device_memory"]["reserved"] == 2**retries * first_runs
+        assert budget.reservations == [GIB, 2 * GIB, first_runs, first_runs] + [2**i * first_runs for i in range(1, retries + 1)]
         for holder in holders:
             holder.join()
 
@@ -466,6 +496,55 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(kz_env: C
         assert time.monotonic() - started < 60
     finally:
         evaluator.close()
+
+
+def test_a_reference_reserves_device_memory_before_it_runs(
+    kz_env: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reference never run on the worker reserves an eighth of the device budget, and with other
+    runs' reservations leaving less (one this test holds) it waits in its slot until they end."""
+    evaluator = Evaluator(kz_env(reward_warm_children=1))
+    budget = _budgeted(evaluator, monkeypatch, 8 * GIB)
+    held, release = threading.Event(), threading.Event()
+
+    def other_run() -> None:
+        with budget.reserve(7 * GIB + GIB // 2):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=other_run)
+    results: list[Evaluation] = []
+    group = threading.Thread(
+        target=lambda: results.append(evaluator.evaluate_group(RELU_REFERENCE, [CORRECT], ScoreOptions(device="cpu")))
+    )
+    try:
+        holder.start()
+        assert held.wait(10)
+        group.start()
+        _wait_until(lambda: len(budget.reservations) == 2)
+        time.sleep(1.0)
+        assert budget.reservations[1] == GIB and not results  # the reference's eighth, waiting for the held bytes
+        release.set()
+        group.join(120)
+        verdict = results[0].verdicts[0]
+        assert verdict.status == "correct", verdict.reason
+        assert verdict.details["seconds"]["waiting"]["reference_device_memory"] >= 1.0
+        assert budget.reserved == 0
+    finally:
+        release.set()
+        evaluator.close()
+
+
+def test_what_a_reference_reserves_is_learned_from_its_last_run() -> None:
+    peaks = ReferencePeaks(known=2)
+    assert peaks.reservation("a", 80 * GIB) == 10 * GIB  # never run here: an eighth
+    peaks.learn("a", 3 * GIB)
+    assert peaks.reservation("a", 80 * GIB) == 3 * GIB + DEVICE_CONTEXT_BYTES
+    peaks.learn("b", 100 * GIB)
+    assert peaks.reservation("b", 80 * GIB) == 80 * GIB  # at most the budget
+    peaks.learn("c", GIB)
+    assert peaks.reservation("a", 80 * GIB) == 10 * GIB  # the oldest is forgotten
+    assert after_shortage(30 * GIB, 80 * GIB) == 60 * GIB and after_shortage(60 * GIB, 80 * GIB) == 80 * GIB
 
 
 def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callable[..., Settings]) -> None:
