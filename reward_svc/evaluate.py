@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from reward_svc.admission import ByteBudget, ChildSlots, DeviceUsers, ReferencePeaks, after_shortage, candidate_device_bytes
+from reward_svc.admission import (
+    DEVICE_CONTEXT_BYTES,
+    ByteBudget,
+    ChildSlots,
+    DeviceUsers,
+    ReferencePeaks,
+    after_shortage,
+    candidate_device_bytes,
+)
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
 from reward_svc.protocol import (
@@ -113,7 +121,9 @@ class Evaluator:
             return None
         with self._pools_lock:
             if self._device_memory is None:
-                self._device_memory = ByteBudget(self.settings.reward_device_memory_max_bytes or _device_capacity())
+                self._device_memory = ByteBudget(
+                    self.settings.reward_device_memory_max_bytes or _device_capacity(warm_children(self.settings, device))
+                )
             return self._device_memory
 
     @contextlib.contextmanager
@@ -504,12 +514,18 @@ def _release_device_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _device_capacity() -> int:
-    """What this worker's children may reserve: the GPU's memory, less a tenth for the worker's own context,
-    the judge's tensors and what children use beyond their estimates."""
+def _device_capacity(idle_children: int) -> int:
     import torch
 
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory * 9 // 10
+    return device_budget(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, idle_children)
+
+
+def device_budget(total_bytes: int, idle_children: int) -> int:
+    """What a worker's children may reserve of a GPU's memory: the whole, less a tenth (the worker's own
+    context, the judge's tensors, what children use beyond their estimates) and less the contexts of the
+    pool's warm children, which hold one each while they wait for a job and which no reservation counts
+    (a taken child's is in its reservation). At least half the GPU."""
+    return max(total_bytes // 2, total_bytes * 9 // 10 - idle_children * DEVICE_CONTEXT_BYTES)
 
 
 def child_slots(settings: Settings, groups_in_flight: int) -> int:

@@ -20,7 +20,7 @@ import pytest
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
 from reward_svc.admission import DEVICE_CONTEXT_BYTES, ByteBudget, ChildSlots, DeviceUsers, ReferencePeaks, after_shortage
-from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots, device_budget
 from reward_svc.harness.reference import cases_within
 from reward_svc.shared_builds import HARNESS_CHILD
 from services.children.device import likely_device
@@ -545,6 +545,13 @@ def test_what_a_reference_reserves_is_learned_from_its_last_run() -> None:
     peaks.learn("c", GIB)
     assert peaks.reservation("a", 80 * GIB) == 10 * GIB  # the oldest is forgotten
     assert after_shortage(30 * GIB, 80 * GIB) == 60 * GIB and after_shortage(60 * GIB, 80 * GIB) == 80 * GIB
+
+
+def test_the_device_budget_leaves_room_for_the_warm_childrens_contexts() -> None:
+    h100 = 85_000_000_000
+    assert device_budget(h100, 0) == h100 * 9 // 10
+    assert device_budget(h100, 8) == h100 * 9 // 10 - 8 * DEVICE_CONTEXT_BYTES  # eight idle contexts: 8 GiB more
+    assert device_budget(16 * GIB, 16) == 8 * GIB  # never below half the GPU
 
 
 def test_a_child_the_oom_killer_ended_while_others_ran_runs_again(kz_env: Callable[..., Settings]) -> None:
