@@ -15,14 +15,15 @@ has run its reference always finishes and lets the next one in.
 
 Device memory is budgeted the same way (a second ``ByteBudget``): a candidate reserves what its
 reference's run peaked at plus its harness's own copies (``candidate_device_bytes``) before it
-takes a child; a reference starts only while the bytes in use leave room, and reserves what it
-peaked at when it last ran on this worker, or a share of the budget if it never ran here
-(``ReferencePeaks``). An estimate is not a bound (a candidate's own buffers are its own), so a child
-that runs out of memory while other children of this worker ran too still runs again once one of
-them is done (``DeviceUsers``): the memory was theirs, not a fault of the code under test. It
-reserves twice as much when it runs again (``after_shortage``). Host memory beyond the scratch files is not
-budgeted: a GPU child has no address-space limit, so the host's OOM killer ends a child (its first
-choice) and that child is run again the same way.
+takes a child; a reference starts only while the bytes in use leave room, and reserves the largest
+peak it reached on this worker, or a share of the budget if it never ran here (``ReferencePeaks``).
+An estimate is not a bound (a candidate's own buffers are its own), so a child that runs out of
+memory while other children of this worker ran too still runs again once one of them is done
+(``DeviceUsers``): the memory was theirs, not a fault of the code under test. It reserves twice as
+much when it runs again (``after_shortage``). A reservation that has waited ``DRAIN_AFTER_S`` turns
+later ones away until it is made, so one larger than the running leave is made once they end.
+Host memory beyond the scratch files is not budgeted: a GPU child has no address-space limit, so
+the host's OOM killer ends a child (its first choice) and that child is run again the same way.
 
 References and candidates take a child only with a slot (``ChildSlots``): a worker's slots are
 shared by all its groups, each free one going to the group running fewest (the oldest first), so
@@ -40,29 +41,54 @@ import collections
 import contextlib
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterator
+
+# A reservation waiting this long turns later ones away until it is made: one larger than what the running
+# leave would otherwise wait for ever while smaller ones keep fitting beside them.
+DRAIN_AFTER_S = 10.0
 
 
 class ByteBudget:
     """Bytes held (known once used) and reserved (known beforehand) against a capacity."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, drain_after_s: float = DRAIN_AFTER_S) -> None:
         self.capacity = capacity
-        self.held = 0  # references' files
-        self.reserved = 0  # candidates' output files
+        self.drain_after_s = drain_after_s
+        self.held = 0  # for a group's life: a reference's files, a group's expected outputs on the device
+        self.reserved = 0  # for a child's run: a candidate's output files, a child's device memory
+        self._waiting: dict[object, float] = {}  # reservations waiting to be made, each since when (monotonic)
         self._changed = threading.Condition()
 
     @property
     def in_use(self) -> int:
         return self.held + self.reserved
 
+    @property
+    def waiting(self) -> int:
+        """Reservations waiting to be made."""
+        with self._changed:
+            return len(self._waiting)
+
     def fits(self, nbytes: int) -> bool:
         """Whether ``reserve(nbytes)`` would not wait now."""
         with self._changed:
-            return self.reserved == 0 or self.reserved + nbytes <= self.capacity
+            return self._fits(nbytes, None)
+
+    def _fits(self, nbytes: int, ticket: object) -> bool:
+        room = self.reserved == 0 or self.reserved + nbytes <= self.capacity
+        return room and not self._draining_for(ticket)
+
+    def _draining_for(self, ticket: object) -> bool:
+        """Whether the oldest reservation waiting, another than ``ticket``, has waited past ``drain_after_s``
+        (the running then drain for it)."""
+        if not self._waiting:
+            return False
+        oldest, since = min(self._waiting.items(), key=lambda waiting: waiting[1])
+        return oldest is not ticket and time.monotonic() - since > self.drain_after_s
 
     def has_room(self) -> bool:
-        """Whether a reference may start now: the bytes in use are below the budget."""
+        """Whether a reference may start now (it is to hold bytes): the bytes in use are below the budget."""
         with self._changed:
             return self.in_use < self.capacity
 
@@ -90,9 +116,16 @@ class ByteBudget:
 
     @contextlib.contextmanager
     def reserve(self, nbytes: int) -> Iterator[None]:
-        """A candidate's bytes, before its child runs; one larger than the capacity waits for none reserved."""
+        """A child's bytes, before it runs; one larger than the capacity waits for none reserved. Those
+        waiting go in the order they came once the oldest has waited past ``drain_after_s``."""
+        ticket = object()
         with self._changed:
-            self._changed.wait_for(lambda: self.fits(nbytes))
+            self._waiting[ticket] = time.monotonic()
+            try:
+                self._changed.wait_for(lambda: self._fits(nbytes, ticket))
+            finally:  # made, or interrupted (a time limit raised in the thread): it waits no more
+                del self._waiting[ticket]
+                self._changed.notify_all()  # the next oldest may be made now, or turned away no longer
             self.reserved += nbytes
         try:
             yield
@@ -223,9 +256,9 @@ REFERENCE_FIRST_SHARE = 8
 
 
 class ReferencePeaks:
-    """What a reference reserves on the device: its peak when it last ran on this worker plus a context
+    """What a reference reserves on the device: the largest peak it reached on this worker plus a context
     (references are trusted, and their source fixes their shapes), a share of the budget for one never run
-    here. The most recent ``known`` references are remembered."""
+    here. The most recently run ``known`` references are remembered."""
 
     def __init__(self, known: int = 4096) -> None:
         self._known = known
@@ -240,10 +273,11 @@ class ReferencePeaks:
         return min(capacity, peak + DEVICE_CONTEXT_BYTES)
 
     def learn(self, reference: str, peak: int) -> None:
-        """After a run that completed: the peak its allocator reached."""
+        """After a run that completed: the peak its allocator reached. The largest seen is kept (a request's
+        options move it: timing holds every case's inputs on the device, ``time_compiled`` a compiled model)."""
         with self._lock:
             key = _digest(reference)
-            self._peaks[key] = peak
+            self._peaks[key] = max(peak, self._peaks.get(key, 0))
             self._peaks.move_to_end(key)
             while len(self._peaks) > self._known:
                 self._peaks.popitem(last=False)
@@ -253,9 +287,10 @@ def _digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def after_shortage(reserved: int, capacity: int) -> int:
-    """What a child that ran out of device memory reserves when it runs again: twice as much, at most the
-    whole budget (it then runs once no other reservation is held). Whose growth the shortage was is not
-    known (a candidate's figures are its word): too little again can cost an honest kernel its verdict,
-    too much costs a wait."""
-    return min(capacity, 2 * reserved)
+def after_shortage(reserved: int, ceiling: int) -> int:
+    """What a child that ran out of device memory reserves when it runs again: twice as much, up to
+    ``ceiling`` (never less than before). Whose growth the shortage was is not known (a candidate's
+    figures are its word): too little again can cost an honest kernel its verdict, too much costs a wait.
+    A candidate's ceiling is half the budget, a reference's the whole: any code can raise an out-of-memory
+    error, and a candidate's must not have the worker drain for it."""
+    return max(reserved, min(2 * reserved, ceiling))

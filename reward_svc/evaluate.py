@@ -300,12 +300,12 @@ class Evaluator:
             elif status == "out_of_memory" and memory_retries < MEMORY_RETRIES:
                 memory_retries += 1
                 if device_memory is not None:
-                    device_bytes = after_shortage(device_bytes, device_memory.capacity)
+                    device_bytes = after_shortage(device_bytes, ceiling=device_memory.capacity)
                 wait = functools.partial(self.device_users.others_finished_since, seen, options.timeout_s)
             else:
                 if ref_result is not None and memory_retries:
                     ref_result["memory_retries"] = memory_retries
-                if ref_result is not None and isinstance(ref_result.get("device_peak_bytes"), int):
+                if ref_result is not None and status == "ok" and isinstance(ref_result.get("device_peak_bytes"), int):
                     self.reference_peaks.learn(reference, ref_result["device_peak_bytes"])
                 return ref_child, outcome, ref_result, reference_s, ref_waits
             ref_child.discard()  # its files and device memory go before the wait
@@ -369,7 +369,7 @@ class Evaluator:
             ):
                 break
             if device_memory is not None:
-                device_bytes = after_shortage(device_bytes, device_memory.capacity)
+                device_bytes = after_shortage(device_bytes, ceiling=device_memory.capacity // 2)
         verdict.details.setdefault("seconds", {})["waiting"] = waits
         if device_memory is not None:  # the estimate beside what the child said it used (untrusted: a figure only)
             verdict.details["device_memory"] = {"reserved": device_bytes, "peak": verdict.details.pop("device_peak_bytes", None)}

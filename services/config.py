@@ -136,9 +136,10 @@ class Settings(BaseSettings):
         default=None,
         gt=0,
         description="Device memory a GPU worker's children reserve together: a candidate what its reference peaked at plus "
-        "its harness's copies, a reference its last peak (an eighth of this before it first ran), and each waits while the "
-        "others' reservations would pass this (a larger one runs alone); unset: nine tenths of the GPU's memory less a GiB "
-        "for each warm child (an idle child holds a CUDA context no reservation counts).",
+        "its harness's copies, a reference its largest peak plus a context (an eighth of this before it first ran), and "
+        "each waits while the others' reservations would pass this (a larger one runs alone, after a drain); unset: nine "
+        "tenths of the GPU's memory less a GiB for each warm child (an idle child holds a CUDA context no reservation "
+        "counts).",
     )
     reward_scratch_min_free_bytes: int = Field(
         default=1 << 30,

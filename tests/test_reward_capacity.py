@@ -481,10 +481,11 @@ def test_children_short_of_memory_others_held_run_again_once_those_end(
         assert short.status == "runtime_error" and short.reason.startswith("out of memory while running ModelNew"), short.reason
         # once after the other candidate, if it ended while this one ran, and once after the second use
         assert short.details["out_of_memory"] and 1 <= short.details["memory_retries"] <= MEMORY_RETRIES
-        first_runs = correct.details["device_memory"]["reserved"]  # the candidates' estimate: the short one's first run too
-        retries = short.details["memory_retries"]
-        assert short.details["device_memory"]["reserved"] == 2**retries * first_runs
-        assert budget.reservations == [GIB, 2 * GIB, first_runs, first_runs] + [2**i * first_runs for i in range(1, retries + 1)]
+        runs = [correct.details["device_memory"]["reserved"]]  # the candidates' estimate: the short one's first run too
+        for _ in range(short.details["memory_retries"]):
+            runs.append(after_shortage(runs[-1], ceiling=4 * GIB))  # twice as much, at most half the budget
+        assert runs[1] == 2 * runs[0] and short.details["device_memory"]["reserved"] == runs[-1]
+        assert budget.reservations == [GIB, 2 * GIB, runs[0], *runs]
         for holder in holders:
             holder.join()
 
@@ -521,7 +522,7 @@ def test_a_reference_reserves_device_memory_before_it_runs(
         holder.start()
         assert held.wait(10)
         group.start()
-        _wait_until(lambda: len(budget.reservations) == 2)
+        _wait_until(lambda: len(budget.reservations) == 2, timeout_s=60)
         time.sleep(1.0)
         assert budget.reservations[1] == GIB and not results  # the reference's eighth, waiting for the held bytes
         release.set()
@@ -544,7 +545,49 @@ def test_what_a_reference_reserves_is_learned_from_its_last_run() -> None:
     assert peaks.reservation("b", 80 * GIB) == 80 * GIB  # at most the budget
     peaks.learn("c", GIB)
     assert peaks.reservation("a", 80 * GIB) == 10 * GIB  # the oldest is forgotten
-    assert after_shortage(30 * GIB, 80 * GIB) == 60 * GIB and after_shortage(60 * GIB, 80 * GIB) == 80 * GIB
+    peaks.learn("c", GIB // 2)
+    assert peaks.reservation("c", 80 * GIB) == GIB + DEVICE_CONTEXT_BYTES  # the largest peak seen
+    assert after_shortage(30 * GIB, ceiling=80 * GIB) == 60 * GIB and after_shortage(60 * GIB, ceiling=80 * GIB) == 80 * GIB
+    assert after_shortage(50 * GIB, ceiling=40 * GIB) == 50 * GIB  # never less than before
+
+
+def test_a_reservation_waiting_past_the_drain_time_goes_before_later_ones() -> None:
+    """Capacity 10 with 6 reserved: a reservation of 8 waits. Within the drain time a later 3 fits
+    beside the 6 and is made; past it a later 1 waits too, and once the running are done the 8 is
+    made first, then the 1 beside it."""
+    budget = ByteBudget(10, drain_after_s=1.0)
+    made: list[int] = []
+    release = {n: threading.Event() for n in (6, 8, 3, 1)}
+
+    def run(nbytes: int) -> None:
+        with budget.reserve(nbytes):
+            made.append(nbytes)
+            release[nbytes].wait(10)
+
+    threads = {n: threading.Thread(target=run, args=(n,), daemon=True) for n in (6, 8, 3, 1)}
+    try:
+        threads[6].start()
+        _wait_until(lambda: made == [6])
+        threads[8].start()
+        _wait_until(lambda: budget.waiting == 1)
+        assert not budget.fits(8) and budget.fits(3)
+        threads[3].start()
+        _wait_until(lambda: made == [6, 3])
+        time.sleep(1.2)  # the 8 has waited past the drain time
+        assert not budget.fits(1)  # a slot's check turns later ones away as the reservation does
+        threads[1].start()
+        _wait_until(lambda: budget.waiting == 2)
+        release[6].set()
+        time.sleep(0.2)
+        assert made == [6, 3]  # the 1 would fit beside the 3, but the 8 goes first
+        release[3].set()
+        _wait_until(lambda: made == [6, 3, 8, 1])
+    finally:
+        for event in release.values():
+            event.set()
+        for thread in threads.values():
+            thread.join(5)
+    assert budget.reserved == 0 and budget.waiting == 0
 
 
 def test_the_device_budget_leaves_room_for_the_warm_childrens_contexts() -> None:
