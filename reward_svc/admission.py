@@ -45,16 +45,18 @@ import time
 from collections.abc import Callable, Iterator
 
 # A reservation waiting this long turns later ones away until it is made: one larger than what the running
-# leave would otherwise wait for ever while smaller ones keep fitting beside them.
-DRAIN_AFTER_S = 10.0
+# leave would otherwise wait for ever while smaller ones keep fitting beside them. Long beside a run (a
+# shorter wait is common under load, and a drain idles the slots of those it turns away).
+DRAIN_AFTER_S = 60.0
 
 
 class ByteBudget:
     """Bytes held (known once used) and reserved (known beforehand) against a capacity."""
 
-    def __init__(self, capacity: int, drain_after_s: float = DRAIN_AFTER_S) -> None:
+    def __init__(self, capacity: int, drain_after_s: float = DRAIN_AFTER_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
         self.drain_after_s = drain_after_s
+        self._clock = clock
         self.held = 0  # for a group's life: a reference's files, a group's expected outputs on the device
         self.reserved = 0  # for a child's run: a candidate's output files, a child's device memory
         self._waiting: dict[object, float] = {}  # reservations waiting to be made, each since when (monotonic)
@@ -76,6 +78,8 @@ class ByteBudget:
             return self._fits(nbytes, None)
 
     def _fits(self, nbytes: int, ticket: object) -> bool:
+        if nbytes == 0:
+            return True
         room = self.reserved == 0 or self.reserved + nbytes <= self.capacity
         return room and not self._draining_for(ticket)
 
@@ -85,7 +89,7 @@ class ByteBudget:
         if not self._waiting:
             return False
         oldest, since = min(self._waiting.items(), key=lambda waiting: waiting[1])
-        return oldest is not ticket and time.monotonic() - since > self.drain_after_s
+        return oldest is not ticket and self._clock() - since > self.drain_after_s
 
     def has_room(self) -> bool:
         """Whether a reference may start now (it is to hold bytes): the bytes in use are below the budget."""
@@ -120,11 +124,11 @@ class ByteBudget:
         waiting go in the order they came once the oldest has waited past ``drain_after_s``."""
         ticket = object()
         with self._changed:
-            self._waiting[ticket] = time.monotonic()
             try:
+                self._waiting[ticket] = self._clock()
                 self._changed.wait_for(lambda: self._fits(nbytes, ticket))
             finally:  # made, or interrupted (a time limit raised in the thread): it waits no more
-                del self._waiting[ticket]
+                self._waiting.pop(ticket, None)
                 self._changed.notify_all()  # the next oldest may be made now, or turned away no longer
             self.reserved += nbytes
         try:
@@ -163,6 +167,13 @@ class ChildSlots:
         """A new number of slots: more wake the line; fewer take effect as holders release theirs."""
         with self._changed:
             self.size = size
+            self._changed.notify_all()
+
+    def recheck(self) -> None:
+        """The line looks again at whose memory fits: after a reservation was made (a drain it ended lets
+        others fit), which no slot's release announces. Never called holding a budget's lock (``_next``
+        asks budgets while it holds this one's)."""
+        with self._changed:
             self._changed.notify_all()
 
     @property
@@ -292,5 +303,5 @@ def after_shortage(reserved: int, ceiling: int) -> int:
     ``ceiling`` (never less than before). Whose growth the shortage was is not known (a candidate's
     figures are its word): too little again can cost an honest kernel its verdict, too much costs a wait.
     A candidate's ceiling is half the budget, a reference's the whole: any code can raise an out-of-memory
-    error, and a candidate's must not have the worker drain for it."""
+    error, and a candidate's must not grow its reservation to the whole worker's."""
     return max(reserved, min(2 * reserved, ceiling))

@@ -263,6 +263,7 @@ class Evaluator:
                 slotted = time.perf_counter()
                 if device_memory is not None:
                     reservation.enter_context(device_memory.reserve(device_bytes))
+                    self.slots.recheck()
                 reserved = time.perf_counter()
                 ref_child = self.pool(device).take()
                 ref_waits = {
@@ -349,6 +350,7 @@ class Evaluator:
                 admitted = time.perf_counter()
                 if device_memory is not None:
                     reservations.enter_context(device_memory.reserve(device_bytes))
+                    self.slots.recheck()
                 reserved = time.perf_counter()
                 child = self.pool(device).take()
                 waits = {

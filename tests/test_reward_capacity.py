@@ -553,41 +553,81 @@ def test_what_a_reference_reserves_is_learned_from_its_last_run() -> None:
 
 def test_a_reservation_waiting_past_the_drain_time_goes_before_later_ones() -> None:
     """Capacity 10 with 6 reserved: a reservation of 8 waits. Within the drain time a later 3 fits
-    beside the 6 and is made; past it a later 1 waits too, and once the running are done the 8 is
-    made first, then the 1 beside it."""
-    budget = ByteBudget(10, drain_after_s=1.0)
-    made: list[int] = []
+    beside the 6 and is made; past it a later 1 waits too (6 + 3 + 1 would fit), a slot's check turns
+    it away as well, and once the running are done the 8 is made first, then the 1 beside it."""
+    now = [0.0]
+    budget = ByteBudget(10, drain_after_s=60, clock=lambda: now[0])
+    reserved_when_made: dict[int, int] = {}
     release = {n: threading.Event() for n in (6, 8, 3, 1)}
 
     def run(nbytes: int) -> None:
         with budget.reserve(nbytes):
-            made.append(nbytes)
-            release[nbytes].wait(10)
+            reserved_when_made[nbytes] = budget.reserved
+            release[nbytes].wait(30)
 
     threads = {n: threading.Thread(target=run, args=(n,), daemon=True) for n in (6, 8, 3, 1)}
     try:
         threads[6].start()
-        _wait_until(lambda: made == [6])
+        _wait_until(lambda: 6 in reserved_when_made)
         threads[8].start()
         _wait_until(lambda: budget.waiting == 1)
+        now[0] = 59.0
         assert not budget.fits(8) and budget.fits(3)
         threads[3].start()
-        _wait_until(lambda: made == [6, 3])
-        time.sleep(1.2)  # the 8 has waited past the drain time
-        assert not budget.fits(1)  # a slot's check turns later ones away as the reservation does
+        _wait_until(lambda: 3 in reserved_when_made)
+        now[0] = 61.0  # the 8 has waited past the drain time
+        assert not budget.fits(1) and budget.fits(0)
         threads[1].start()
         _wait_until(lambda: budget.waiting == 2)
         release[6].set()
         time.sleep(0.2)
-        assert made == [6, 3]  # the 1 would fit beside the 3, but the 8 goes first
+        assert set(reserved_when_made) == {6, 3}  # the 1 would fit beside the 3, but the 8 goes first
         release[3].set()
-        _wait_until(lambda: made == [6, 3, 8, 1])
+        _wait_until(lambda: 1 in reserved_when_made)
+        assert reserved_when_made[1] == 9  # made once the 8 was
     finally:
         for event in release.values():
             event.set()
         for thread in threads.values():
             thread.join(5)
     assert budget.reserved == 0 and budget.waiting == 0
+
+
+def test_a_reservation_interrupted_while_it_waits_drains_nothing() -> None:
+    """A time limit raised in a thread waiting for bytes (as for a slot, above) takes its reservation out
+    of the line: it reserved nothing and turns no later one away."""
+    now = [0.0]
+    budget = ByteBudget(10, drain_after_s=60, clock=lambda: now[0])
+    with budget.reserve(6):
+        original = budget._changed.wait_for
+        budget._changed.wait_for = lambda *a, **k: (_ for _ in ()).throw(TimeoutError())  # type: ignore[method-assign]
+        with pytest.raises(TimeoutError), budget.reserve(8):
+            pass
+        budget._changed.wait_for = original  # type: ignore[method-assign]
+        now[0] = 100.0
+        assert budget.waiting == 0 and budget.reserved == 6 and budget.fits(4)
+
+
+def test_the_slot_line_looks_again_when_asked() -> None:
+    """A slot beyond its group's even share goes once its memory fits; a reservation made (the end of a
+    drain) announces it, as a slot's release does."""
+    slots = ChildSlots(3)
+    fits = {"memory": False}
+    granted = threading.Event()
+
+    def beyond_share() -> None:
+        with slots.take((0, 1), lambda: fits["memory"]):
+            granted.set()
+
+    with slots.take((0, 0)), slots.take((1, 0)):  # two groups, one slot each: a second of group 0 is beyond its share
+        thread = threading.Thread(target=beyond_share, daemon=True)
+        thread.start()
+        _wait_until(lambda: (0, 1) in slots.waiting)
+        fits["memory"] = True
+        assert not granted.wait(0.3)  # nothing told the line
+        slots.recheck()
+        assert granted.wait(5)
+    thread.join(5)
 
 
 def test_the_device_budget_leaves_room_for_the_warm_childrens_contexts() -> None:
