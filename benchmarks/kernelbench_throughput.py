@@ -292,7 +292,7 @@ def run_ours(
     seeds (``replayable_seeds``) instead of secret ones. ``resume``: the groups ``partial`` holds are not run
     again (a set of verdicts longer than one device call, gathered over several with one seed); the report's
     figures are this run's groups only, and ``partial`` keeps them all."""
-    from reward_svc.evaluate import Evaluator, warm_children
+    from reward_svc.evaluate import Evaluator, child_slots, warm_children
     from services.config import get_settings
     from services.schemas.reward import ScoreOptions
 
@@ -359,6 +359,7 @@ def run_ours(
             include={"reward_parallel_children", "reward_outputs_in_flight", "reward_gpu_concurrency"}
         ),
         pool_warm_at_start=warmed,
+        slot_seconds=slot_seconds(rows, child_slots(evaluator.settings, concurrency), time.perf_counter() - started),
         resumed_groups=len(finished),
         utilisation=sampler.summary(),
         device_lock=lock.summary(),
@@ -465,6 +466,35 @@ def _median_phases(phases: Any) -> dict[str, float | None]:
 
 def _phase(row: dict[str, Any], side: str, name: str) -> float | None:
     return ((row.get("phases") or {}).get(side) or {}).get(name)
+
+
+def slot_seconds(rows: list[dict[str, Any]], slots: int, total_s: float) -> dict[str, Any]:
+    """Where the worker's slot-seconds (its slots times the run) went: candidates' last runs and judging,
+    their waits inside the slot (for scratch room, device memory, a warm child), references' runs and
+    waits in theirs; ``other_share``, the rest: runs that were run again, and slots free for want of a
+    candidate or reference able to take them."""
+    groups = {r["problem"].split("#")[0]: r for r in rows if "group_wall_s" in r}
+
+    def total(values: Any) -> float:
+        return round(sum(v or 0.0 for v in values), 1)
+
+    candidates = total((r.get("seconds") or {}).get("candidate", 0.0) + (r.get("seconds") or {}).get("judge", 0.0) for r in rows)
+    waiting = {name: total(_waiting(r, name) for r in rows) for name in ("admission", "device_memory", "child")}
+    references = total(
+        ((r.get("seconds") or {}).get("reference") or 0.0)
+        + sum(_waiting(r, name) or 0.0 for name in ("reference_device_memory", "reference_child"))
+        for r in groups.values()
+    )
+    capacity = slots * total_s
+    used = candidates + sum(waiting.values()) + references
+    return {
+        "slots": slots,
+        "capacity": round(capacity, 1),
+        "candidates": candidates,
+        "candidates_waiting_in_slot": waiting,
+        "references": references,
+        "other_share": round(1 - used / capacity, 3) if capacity else None,
+    }
 
 
 def _waiting(row: dict[str, Any], name: str) -> float | None:

@@ -89,6 +89,25 @@ def test_the_longest_timings_are_listed_with_what_they_measured() -> None:
     assert longest[0]["samples"] == 1000 and longest[1]["samples"] == 40 and longest[0]["rse"] == 0.02
 
 
+def test_slot_seconds_add_what_ran_and_waited_in_slots_and_leave_the_rest() -> None:
+    def row(problem: str, candidate_s: float, waits: dict[str, float], group: bool = False) -> dict:
+        return {
+            "problem": problem,
+            "seconds": {"candidate": candidate_s, "judge": 0.5, "reference": 3.0, "waiting": waits},
+            **({"group_wall_s": 20.0} if group else {}),
+        }
+
+    ref_waits = {"reference_device_memory": 1.0, "reference_child": 0.5}
+    rows = [
+        row("1_a.py#0", 8.0, {"admission": 0.0, "device_memory": 2.0, "child": 1.0, **ref_waits}, group=True),
+        row("1_a.py#1", 6.0, {"admission": 1.0, "device_memory": 0.0, "child": 0.0, **ref_waits}),
+    ]
+    use = _benchmark().slot_seconds(rows, slots=4, total_s=10.0)
+    assert use["capacity"] == 40.0 and use["candidates"] == 15.0 and use["references"] == 4.5
+    assert use["candidates_waiting_in_slot"] == {"admission": 1.0, "device_memory": 2.0, "child": 1.0}
+    assert use["other_share"] == round(1 - (15.0 + 4.0 + 4.5) / 40.0, 3)
+
+
 def test_replayable_seeds_are_the_same_for_a_reference_in_every_run_and_differ_between_references() -> None:
     seeds = _benchmark().replayable_seeds
     first, again, other_run = seeds(7)("reference a"), seeds(7)("reference a"), seeds(8)("reference a")
