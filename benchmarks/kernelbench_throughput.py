@@ -471,8 +471,8 @@ def _phase(row: dict[str, Any], side: str, name: str) -> float | None:
 def slot_seconds(rows: list[dict[str, Any]], slots: int, total_s: float) -> dict[str, Any]:
     """Where the worker's slot-seconds (its slots times the run) went: candidates' last runs and judging,
     their waits inside the slot (for scratch room, device memory, a warm child), references' runs and
-    waits in theirs; ``other_share``, the rest: runs that were run again, and slots free for want of a
-    candidate or reference able to take them."""
+    waits in theirs; ``other_share``, the rest: runs that were run again, the work of groups a cut
+    dropped, and slots free for want of a candidate or reference able to take them."""
     groups = {r["problem"].split("#")[0]: r for r in rows if "group_wall_s" in r}
 
     def total(values: Any) -> float:
