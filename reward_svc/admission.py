@@ -262,6 +262,14 @@ def candidate_device_bytes(peak: int, input_bytes: int, output_bytes: int, judge
     return peak + 2 * input_bytes + (1 + 2 * judged_at_once) * output_bytes + DEVICE_CONTEXT_BYTES
 
 
+def device_budget(total_bytes: int, idle_children: int) -> int:
+    """What a worker's children may reserve of a GPU's memory: the whole, less a tenth (the worker's own
+    context, the judge's tensors, what children use beyond their estimates) and less the contexts of the
+    pool's warm children, which hold one each while they wait for a job and which no reservation counts
+    (a taken child's is in its reservation). At least half the GPU."""
+    return max(total_bytes // 2, total_bytes * 9 // 10 - idle_children * DEVICE_CONTEXT_BYTES)
+
+
 # A reference never run on this worker reserves this share of the device budget: its peak is known only once it ran.
 REFERENCE_FIRST_SHARE = 8
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from reward_svc.admission import (
-    DEVICE_CONTEXT_BYTES,
     ByteBudget,
     ChildSlots,
     DeviceUsers,
     ReferencePeaks,
     after_shortage,
     candidate_device_bytes,
+    device_budget,
 )
 from reward_svc.build_cache import BuildCache
 from reward_svc.policy import check_source
@@ -256,8 +256,8 @@ class Evaluator:
             if device_memory is not None:  # what groups hold counts here, never in a slot (the slot's wait must end)
                 device_memory.wait_for_room()
             admitted = time.perf_counter()
-            fits = None if device_memory is None else functools.partial(device_memory.fits, device_bytes)
-            with self.slots.take((arrival, -1), fits), contextlib.ExitStack() as reservation:
+            # no memory check in line: a reference's group runs nothing yet, so its slot is within its even share
+            with self.slots.take((arrival, -1)), contextlib.ExitStack() as reservation:
                 if not self._room_for_a_reference(device_memory):
                     continue  # others took the room while it waited in line: the slot goes back, it waits for room again
                 slotted = time.perf_counter()
@@ -520,14 +520,6 @@ def _device_capacity(idle_children: int) -> int:
     import torch
 
     return device_budget(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, idle_children)
-
-
-def device_budget(total_bytes: int, idle_children: int) -> int:
-    """What a worker's children may reserve of a GPU's memory: the whole, less a tenth (the worker's own
-    context, the judge's tensors, what children use beyond their estimates) and less the contexts of the
-    pool's warm children, which hold one each while they wait for a job and which no reservation counts
-    (a taken child's is in its reservation). At least half the GPU."""
-    return max(total_bytes // 2, total_bytes * 9 // 10 - idle_children * DEVICE_CONTEXT_BYTES)
 
 
 def child_slots(settings: Settings, groups_in_flight: int) -> int:

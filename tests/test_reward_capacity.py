@@ -19,8 +19,16 @@ import pytest
 
 from processes import leftovers
 from reward_cases import CORRECT, HACKS, RELU_REFERENCE, candidate
-from reward_svc.admission import DEVICE_CONTEXT_BYTES, ByteBudget, ChildSlots, DeviceUsers, ReferencePeaks, after_shortage
-from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots, device_budget
+from reward_svc.admission import (
+    DEVICE_CONTEXT_BYTES,
+    ByteBudget,
+    ChildSlots,
+    DeviceUsers,
+    ReferencePeaks,
+    after_shortage,
+    device_budget,
+)
+from reward_svc.evaluate import MEMORY_RETRIES, Evaluation, Evaluator, child_slots
 from reward_svc.harness.reference import cases_within
 from reward_svc.shared_builds import HARNESS_CHILD
 from services.children.device import likely_device
